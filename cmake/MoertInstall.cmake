@@ -1,0 +1,1 @@
+# Install rules: placeholder, filled in a later step.

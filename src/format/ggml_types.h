@@ -1,0 +1,69 @@
+// The ggml tensor types a GGUF file can name: ids, block shapes and names, as llama.cpp
+// defines them. Dequantization lives in format/dequant.h.
+#ifndef MOERT_FORMAT_GGML_TYPES_H_
+#define MOERT_FORMAT_GGML_TYPES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace moert::format {
+
+// Values are the on-disk ids (ggml's `enum ggml_type`); gaps are ids ggml removed.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
+  kIQ1_S = 19,
+  kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
+  kIQ4_XS = 23,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kIQ1_M = 29,
+  kBF16 = 30,
+  kTQ1_0 = 34,
+  kTQ2_0 = 35,
+  kMXFP4 = 39,
+};
+
+struct GgmlTypeTraits {
+  GgmlType type;
+  std::string_view name;     // as llama.cpp prints it: "f32", "q4_0", "q4_K"
+  uint32_t block_elements;   // values per block (1 for plain types)
+  uint32_t block_bytes;      // bytes per block
+};
+
+// Traits of a known type id, or nullopt for an id ggml does not define.
+std::optional<GgmlTypeTraits> LookupGgmlType(uint32_t id);
+
+// Traits of a valid enum value (always found).
+const GgmlTypeTraits& TraitsOf(GgmlType type);
+
+std::string_view GgmlTypeName(GgmlType type);
+
+// Bytes of a row of `elements` values, or nullopt when `elements` is not a whole
+// number of blocks or the size overflows.
+std::optional<uint64_t> GgmlRowBytes(GgmlType type, uint64_t elements);
+
+}  // namespace moert::format
+
+#endif  // MOERT_FORMAT_GGML_TYPES_H_
