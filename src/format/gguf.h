@@ -1,6 +1,12 @@
 // GGUF (v2 and v3) reader over a memory mapping. Every count, length, dimension and
 // offset read from the file is checked and capped; a malformed file yields a Status
 // whose message names the key or tensor and the byte offset where reading failed.
+// Error codes: DataLoss when the file ends before something it declares (a truncated
+// header, string, array or tensor data); InvalidArgument for every other malformed
+// value (bad magic or version, a cap exceeded, unknown type, overflow, misalignment,
+// overlap, duplicates). Arrays of arrays are parsed (each level capped like any
+// array, nesting capped by GgufLimits::max_array_depth); the typed array accessors
+// do not decode them.
 #ifndef MOERT_FORMAT_GGUF_H_
 #define MOERT_FORMAT_GGUF_H_
 
@@ -12,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "core/mapped_file.h"
 #include "format/ggml_types.h"
@@ -45,6 +52,7 @@ struct GgufLimits {
   uint64_t max_array_elements = 1u << 24;     // one metadata array
   uint32_t max_dims = 4;                      // GGML_MAX_DIMS
   uint64_t max_alignment = 1u << 16;
+  uint32_t max_array_depth = 4;               // an array is depth 1
 };
 
 // One metadata entry. Scalars are decoded at parse time; strings and arrays point
@@ -78,6 +86,7 @@ struct GgufTensorInfo {
   uint64_t n_bytes = 0;
   uint64_t offset = 0;       // relative to the data section, as stored
   uint64_t file_offset = 0;  // absolute offset of the data in the file
+  uint64_t info_offset = 0;  // where the tensor info starts in the file
 };
 
 class GgufFile {
@@ -112,12 +121,14 @@ class GgufFile {
   absl::StatusOr<double> GetFloat(std::string_view key) const;  // f32 or f64
   absl::StatusOr<bool> GetBool(std::string_view key) const;
   absl::StatusOr<std::string_view> GetString(std::string_view key) const;
-  // Arrays, decoded; the element type must match (ints: any integer type that fits).
+  // Arrays, decoded; the element type must match (ints: any integer type that fits;
+  // floats: float32 only).
   absl::StatusOr<std::vector<std::string_view>> GetStringArray(std::string_view key) const;
   absl::StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;
   absl::StatusOr<std::vector<int64_t>> GetIntArray(std::string_view key) const;
 
-  // The bytes of a tensor's data (already checked to lie inside the file).
+  // The bytes of a tensor's data (already checked to lie inside the file). Empty for
+  // a tensor whose range does not lie inside this file (one from another file).
   std::span<const uint8_t> TensorData(const GgufTensorInfo& tensor) const;
 
  private:
@@ -132,6 +143,9 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   std::vector<GgufKeyValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  // Name -> index into metadata_ / tensors_; the views point into bytes_.
+  absl::flat_hash_map<std::string_view, size_t> key_index_;
+  absl::flat_hash_map<std::string_view, size_t> tensor_index_;
 };
 
 }  // namespace moert::format

@@ -1,5 +1,7 @@
-// Writes GGUF v3 files: metadata of every value type and tensors with their data,
-// aligned as llama.cpp expects. Used by tests, moert-pack and the synthetic-model tool.
+// Writes GGUF v3 files (v2 on request): metadata of every value type and tensors with
+// their data, laid out byte for byte as llama.cpp and gguf-py write them (the tests
+// rewrite the tiny models identically). Dims are written as given. Used by tests,
+// moert-pack and the synthetic-model tool.
 #ifndef MOERT_FORMAT_GGUF_WRITER_H_
 #define MOERT_FORMAT_GGUF_WRITER_H_
 
@@ -34,7 +36,8 @@ class GgufWriter {
   void SetStringArray(std::string_view key, const std::vector<std::string>& v);
   void SetFloat32Array(std::string_view key, const std::vector<float>& v);
   void SetInt32Array(std::string_view key, const std::vector<int32_t>& v);
-  // Any array: raw little-endian element bytes (not for strings).
+  // Any array: raw little-endian element bytes, written verbatim (not for strings;
+  // for kArray the bytes are the nested arrays' encodings).
   void SetArray(std::string_view key, GgufValueType element_type, uint64_t count,
                 std::span<const uint8_t> element_bytes);
 
@@ -44,7 +47,10 @@ class GgufWriter {
                          std::span<const uint8_t> data);
 
   // Alignment of the data section and of every tensor (general.alignment is written
-  // when it differs from the default 32).
+  // when it differs from the default 32). `alignment` must be a nonzero power of two.
+  // SetUint32("general.alignment", v) with such a v sets it too; any other value
+  // there is written as given (tests use it for malformed files) and the layout keeps
+  // the previous alignment.
   void SetAlignment(uint32_t alignment);
 
   // The whole file in memory, or written to `path`.
@@ -64,6 +70,8 @@ class GgufWriter {
     std::vector<uint8_t> data;
   };
   void SetRaw(std::string_view key, GgufValueType type, std::vector<uint8_t> payload);
+  // Header, metadata, tensor infos and the padding up to the data section.
+  std::vector<uint8_t> SerializeMetadata() const;
 
   uint32_t version_;
   uint32_t alignment_ = 32;
