@@ -6,4 +6,6 @@ list(APPEND MOERT_SOURCES
   tokenizer/pretokenizer.cc
   tokenizer/vocab.cc
   tokenizer/tokenizer.cc
+  tokenizer/spm.cc
+  tokenizer/bpe.cc
 )

@@ -32,13 +32,43 @@ struct CodepointFlags {
   bool is(uint16_t flag) const { return (bits & flag) != 0; }
 };
 
+// The flags llama.cpp's unicode_cpt_flags_from_cpt gives `cp`: exactly one major
+// category bit for an assigned code point, none for an unassigned one (Cn, and anything
+// above U+10FFFF), which llama.cpp calls "undefined" rather than \p{C}. Surrogates and
+// private use are kControl. kLowercase/kUppercase mean general category Ll/Lu.
 CodepointFlags FlagsOf(uint32_t cp);
 
+// Unicode general categories (the two-letter values of the Unicode Character Database).
+enum class GeneralCategory : uint8_t {
+  kCn = 0,  // unassigned
+  kLu, kLl, kLt, kLm, kLo,
+  kMn, kMc, kMe,
+  kNd, kNl, kNo,
+  kPc, kPd, kPs, kPe, kPi, kPf, kPo,
+  kSm, kSc, kSk, kSo,
+  kZs, kZl, kZp,
+  kCc, kCf, kCs, kCo,
+};
+
+// kCn for unassigned code points and anything above U+10FFFF.
+GeneralCategory CategoryOf(uint32_t cp);
+
+// The Unicode version of the tables, e.g. "15.1.0" (llama.cpp's tables are 15.1 too).
+std::string_view UnicodeVersion();
+
 // Decodes UTF-8 like llama.cpp's unicode_cpts_from_utf8: an invalid or truncated
-// sequence yields U+FFFD and consumes one byte.
+// sequence yields U+FFFD and consumes one byte. Like llama.cpp it does not reject
+// overlong forms or surrogates (C0 80 decodes to U+0000, ED A0 80 to U+D800) and reads
+// F0..F7 leads as 4-byte sequences even past U+10FFFF (up to U+1FFFFF).
 std::vector<uint32_t> DecodeUtf8(std::string_view text);
-// Length in bytes of the UTF-8 sequence starting with `lead` (1 for invalid leads).
+// Length in bytes of the UTF-8 sequence starting with `lead`, by its high nibble as
+// llama.cpp's unicode_len_utf8 reads it: 1 for ASCII and for continuation bytes
+// (invalid leads), 2 for C0..DF, 3 for E0..EF, 4 for F0..FF.
 size_t Utf8SequenceLength(uint8_t lead);
+// Appends the UTF-8 form of `cp` (surrogates as 3 bytes, like llama.cpp). Values above
+// U+10FFFF, which only DecodeUtf8 of F4 90.. to F7 leads produces, get the same 4-byte
+// form they were decoded from (llama.cpp's unicode_cpt_to_utf8 throws there instead);
+// values above U+1FFFFF, which no decoding produces, append U+FFFD.
 void AppendUtf8(uint32_t cp, std::string* out);
 std::string EncodeUtf8(uint32_t cp);
 
