@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up and runs every test of moert (this is what CI runs, through .ci/run):
+#   1. x86_64 build, warnings as errors, unit + tool + install tests
+#   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. aarch64 cross build, its tests under qemu-aarch64 -cpu max
+#   4. the GGUF fuzzer (libFuzzer) for a bounded time
+# Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
+# change the fuzzing time (default 60), MOERT_SKIP="aarch64 asan fuzz" to skip steps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=${MOERT_BUILD_ROOT:-build}
+jobs=${MOERT_JOBS:-$(nproc)}
+skip=" ${MOERT_SKIP:-} "
+started=$(date +%s)
+
+step() { echo; echo "=== [$(( $(date +%s) - started ))s] $*"; }
+
+step "dependencies"
+scripts/setup-deps.sh --aarch64
+
+step "x86_64: build (warnings are errors) and test"
+cmake -S . -B "$root/x86" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON
+cmake --build "$root/x86" -j "$jobs"
+ctest --test-dir "$root/x86" --output-on-failure -j "$jobs"
+
+if [[ $skip != *" asan "* ]]; then
+  step "x86_64: unit tests under ASan + UBSan"
+  cmake -S . -B "$root/asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOERT_WERROR=ON \
+    -DMOERT_SANITIZE=ON -DMOERT_BUILD_BENCH=OFF -DMOERT_BUILD_TOOLS=OFF
+  cmake --build "$root/asan" -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir "$root/asan" --output-on-failure -j "$jobs" -E '^install\.'
+fi
+
+if [[ $skip != *" aarch64 "* ]]; then
+  step "aarch64: cross build and tests under qemu-aarch64 -cpu max"
+  scripts/arm64-sysroot.sh "$root/aarch64/sysroot"
+  cmake -S . -B "$root/aarch64" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON \
+    -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
+    -DMOERT_ARM64_SYSROOT="$PWD/$root/aarch64/sysroot"
+  cmake --build "$root/aarch64" -j "$jobs"
+  ctest --test-dir "$root/aarch64" --output-on-failure -j "$jobs"
+fi
+
+if [[ $skip != *" fuzz "* ]]; then
+  step "GGUF fuzzer"
+  MOERT_FUZZ_BUILD="$root/fuzz" scripts/run-fuzz.sh "${MOERT_FUZZ_SECONDS:-60}"
+fi
+
+step "all tests passed"
