@@ -152,6 +152,7 @@ constexpr GeneralCategory kCn = GeneralCategory::kCn;""")
         out.append(f"constexpr GeneralCategory k{name} = GeneralCategory::k{name};")
     out.append(f"""
 // Entry i covers [first_i, first_(i+1)); the last entry runs to U+10FFFF. {len(ranges)} ranges.
+// clang-format off
 constexpr CategoryRange kCategoryRanges[] = {{""")
     per_line = 4
     for i in range(0, len(ranges), per_line):
@@ -164,6 +165,7 @@ constexpr uint32_t kWhiteSpace[] = {""")
     for i in range(0, len(white_space), 8):
         out.append("    " + " ".join(f"0x{cp:04X}," for cp in white_space[i:i + 8]))
     out.append(f"""}};
+// clang-format on
 
 }}  // namespace
 

@@ -40,6 +40,7 @@ namespace {
 
 // The expressions below are copied byte for byte from llama.cpp so that a difference
 // is easy to spot; do not reformat them.
+// clang-format off
 
 constexpr std::string_view kGpt2Expression =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
@@ -97,6 +98,8 @@ constexpr std::string_view kStarcoderExpressions[] = {
     "\\p{N}",
     kGpt2Expression,
 };
+
+// clang-format on
 
 constexpr size_t kNumPreTokenizers = 8;
 

@@ -4,7 +4,9 @@
 //
 // Why matching stays linear: a program only branches at kSplit instructions, and what
 // happens after reaching split s at text position p does not depend on how it was
-// reached or where the search started (nothing here looks behind or captures). So once
+// reached or where the search started (nothing here looks behind or captures, and
+// optional repeats of something that can match empty, whose next iteration would
+// depend on where the previous one began, are refused at compile time). So once
 // (s, p) has been explored without a match it can be skipped on every later visit, in
 // the same attempt, at later start positions and in later searches over the same text.
 // Each (s, p) is then explored at most once, and a search costs O(splits * length).
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -67,8 +70,8 @@ struct CharClass {
               [](const CodepointRange& a, const CodepointRange& b) { return a.first < b.first; });
     std::vector<CodepointRange> merged;
     for (const CodepointRange& range : ranges) {
-      if (!merged.empty() && (merged.back().last == kLastCodepoint ||
-                              range.first <= merged.back().last + 1)) {
+      if (!merged.empty() &&
+          (merged.back().last == kLastCodepoint || range.first <= merged.back().last + 1)) {
         merged.back().last = std::max(merged.back().last, range.last);
       } else {
         merged.push_back(range);
@@ -82,7 +85,7 @@ struct CharClass {
   }
 
   bool MatchesSlow(uint32_t cp) const {
-    bool in = (categories & Bit(CategoryOf(cp))) != 0;
+    bool in = categories != 0 && (categories & Bit(CategoryOf(cp))) != 0;
     if (!in) {
       const auto it =
           std::upper_bound(ranges.begin(), ranges.end(), cp,
@@ -166,10 +169,10 @@ struct Node {
   explicit Node(Kind k) : kind(k) {}
 
   Kind kind;
-  uint32_t value = 0;  // kChar: code point; kClass: class index
-  int min = 0;         // kRepeat
-  int max = 0;         // kRepeat; kUnbounded for no limit
-  bool greedy = true;  // kRepeat
+  uint32_t value = 0;    // kChar: code point; kClass: class index
+  int min = 0;           // kRepeat
+  int max = 0;           // kRepeat; kUnbounded for no limit
+  bool greedy = true;    // kRepeat
   bool negated = false;  // kLookahead
   std::vector<std::unique_ptr<Node>> children;
 };
@@ -441,7 +444,14 @@ class Parser {
     MOERT_ASSIGN_OR_RETURN(auto body, ParseAlternation(depth + 1));
     if (AtEnd() || Peek() != ')') return Error("missing ')'");
     ++pos_;
-    if (lookahead == nullptr) return body;
+    if (lookahead == nullptr) {
+      if (!IsAssertion(*body)) return body;
+      // A group around a lone assertion, "(?:\b)", may take a quantifier; the bare
+      // assertion may not.
+      auto group = std::make_unique<Node>(Node::Kind::kConcat);
+      group->children.push_back(std::move(body));
+      return group;
+    }
     lookahead->children.push_back(std::move(body));
     return lookahead;
   }
@@ -471,6 +481,13 @@ class Parser {
         return absl::OkStatus();
     }
     if (IsAssertion(**atom)) return Error("nothing to repeat");
+    // Engines disagree on optional iterations that match empty (ECMAScript fails them,
+    // libstdc++ allows two in a row, Perl and RE2 stop the loop), and the memo's
+    // guarantee needs every optional iteration to consume input. None of llama.cpp's
+    // pre-tokenizer expressions repeats such a subexpression.
+    if ((max == kUnbounded || max > min) && IsNullable(**atom)) {
+      return Error("optional repeats of a subexpression that can match empty");
+    }
     bool greedy = true;
     if (!AtEnd() && Peek() == '?') {
       greedy = false;
@@ -828,7 +845,10 @@ class Matcher {
 
   // A non-empty match starting exactly at `pos` (what std::regex_iterator tries after an
   // empty match). The memo must not carry the extra condition into other searches.
+  // Like the iterator, which from its second search on tells the matcher that text
+  // precedes the search start, ^ no longer matches at position 0 here.
   std::optional<Regex::Match> MatchNonEmptyAt(size_t pos) {
+    begin_matches_ = false;
     ClearMainMemo();
     size_t end = 0;
     const bool found = Run(0, pos, /*not_null=*/true, &end);
@@ -929,7 +949,7 @@ class Matcher {
             pc = inst.x;
             break;
           case Op::kBeginText:
-            alive = pos == 0;
+            alive = pos == 0 && begin_matches_;
             ++pc;
             break;
           case Op::kEndText:
@@ -967,6 +987,7 @@ class Matcher {
   std::vector<uint64_t> visited_;  // main expression: one bit per (split, position)
   std::vector<LookaheadState> lookaheads_;
   std::vector<std::vector<Thread>> stacks_;
+  bool begin_matches_ = true;  // whether ^ may match at position 0
 };
 
 }  // namespace

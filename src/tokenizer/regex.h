@@ -3,8 +3,8 @@
 // syntax llama.cpp hands to std::regex, plus \p{...} classes matched against the real
 // general-category tables (tokenizer/unicode.h), and gives leftmost-first
 // (Perl/ECMAScript) matches. A failure memo over (branch point, position) keeps
-// matching linear in the text length for these expressions; std::regex is quadratic
-// or worse on long runs of spaces or letters.
+// matching linear in the text length, where a plain backtracker such as std::regex
+// takes quadratic time on some of these expressions (\s+$ over a long run of spaces).
 //
 // Supported: literals (any code point, escapes \t \n \v \f \r \0 \xHH \uHHHH \u{H...}
 // and escaped punctuation), '.', classes [...] and [^...] with ranges, \d \D \s \S \w
@@ -16,7 +16,12 @@
 // \s is the Unicode White_Space property (llama.cpp's whitespace set); ^ and $ match
 // only at the ends of the searched text (no multiline mode). Not supported, and
 // rejected at compile time: backreferences, lookbehind, named groups, inline flags
-// such as (?i), and possessive or atomic forms.
+// such as (?i), possessive or atomic forms, and optional repeats of a subexpression
+// that can match empty, such as (?:a*)* or (?:a?){1,2} (engines disagree on those,
+// and none of llama.cpp's pre-tokenizer expressions has one).
+//
+// Memory while searching: one bit per (branch point, position) of the text, e.g.
+// about 300 KB for the llama3 expression over 100k code points.
 #ifndef MOERT_TOKENIZER_REGEX_H_
 #define MOERT_TOKENIZER_REGEX_H_
 

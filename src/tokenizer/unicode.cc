@@ -83,8 +83,8 @@ struct Latin1Flags {
   std::array<uint16_t, 256> flags;
   Latin1Flags() {
     for (uint32_t cp = 0; cp < flags.size(); ++cp) {
-      flags[cp] = MajorFlagOf(LookUpCategory(cp)) |
-                  (IsWhiteSpace(cp) ? CodepointFlags::kWhitespace : 0);
+      flags[cp] =
+          MajorFlagOf(LookUpCategory(cp)) | (IsWhiteSpace(cp) ? CodepointFlags::kWhitespace : 0);
     }
   }
 };
@@ -145,8 +145,7 @@ CodepointFlags FlagsOf(uint32_t cp) {
 std::string_view UnicodeVersion() { return internal::kUnicodeVersion; }
 
 size_t Utf8SequenceLength(uint8_t lead) {
-  static constexpr uint8_t kByHighNibble[16] = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                1, 1, 1, 1, 2, 2, 3, 4};
+  static constexpr uint8_t kByHighNibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
   return kByHighNibble[lead >> 4];
 }
 

@@ -39,6 +39,7 @@ struct CodepointFlags {
 CodepointFlags FlagsOf(uint32_t cp);
 
 // Unicode general categories (the two-letter values of the Unicode Character Database).
+// clang-format off
 enum class GeneralCategory : uint8_t {
   kCn = 0,  // unassigned
   kLu, kLl, kLt, kLm, kLo,
@@ -49,6 +50,7 @@ enum class GeneralCategory : uint8_t {
   kZs, kZl, kZp,
   kCc, kCf, kCs, kCo,
 };
+// clang-format on
 
 // kCn for unassigned code points and anything above U+10FFFF.
 GeneralCategory CategoryOf(uint32_t cp);

@@ -42,6 +42,7 @@ constexpr GeneralCategory kCs = GeneralCategory::kCs;
 constexpr GeneralCategory kCo = GeneralCategory::kCo;
 
 // Entry i covers [first_i, first_(i+1)); the last entry runs to U+10FFFF. 4009 ranges.
+// clang-format off
 constexpr CategoryRange kCategoryRanges[] = {
     {0x000000, kCc}, {0x000020, kZs}, {0x000021, kPo}, {0x000024, kSc},
     {0x000025, kPo}, {0x000028, kPs}, {0x000029, kPe}, {0x00002A, kPo},
@@ -1055,6 +1056,7 @@ constexpr uint32_t kWhiteSpace[] = {
     0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F,
     0x3000,
 };
+// clang-format on
 
 }  // namespace
 
