@@ -2,9 +2,9 @@
 # MOERT_WERROR, warnings are errors; CI turns it on.
 function(moert_set_warnings target)
   target_compile_options(${target} PRIVATE
-    -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
-    -Wunused -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough
-    $<$<COMPILE_LANGUAGE:CXX>:-Wold-style-cast>)
+    -Wall -Wextra -Wpedantic -Wshadow -Wcast-align -Wunused -Wnull-dereference
+    -Wimplicit-fallthrough
+    $<$<COMPILE_LANGUAGE:CXX>:-Wold-style-cast -Wnon-virtual-dtor -Woverloaded-virtual>)
   if(MOERT_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
