@@ -3,6 +3,7 @@
 // zero-padded to the alignment. Tensor offsets are the running sum of padded sizes.
 #include "format/gguf_writer.h"
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/status.h"
 #include "core/strings.h"
 
 namespace moert::format {
@@ -41,6 +43,13 @@ void PutArrayHeader(std::vector<uint8_t>& out, GgufValueType type, uint64_t coun
 
 uint64_t PadTo(uint64_t n, uint64_t alignment) {
   return (n + alignment - 1) / alignment * alignment;
+}
+
+absl::Status FileError(std::string_view what, const std::string& path, int err) {
+  std::string msg = moert::StrCat("cannot ", what, " '", path, "': ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  return absl::InternalError(msg);
 }
 
 std::vector<uint8_t> Encoded(uint64_t v, size_t bytes) {
@@ -127,8 +136,8 @@ void GgufWriter::SetArray(std::string_view key, GgufValueType element_type, uint
   SetRaw(key, GgufValueType::kArray, std::move(payload));
 }
 
-absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::vector<uint64_t> dims,
-                                   std::span<const uint8_t> data) {
+absl::StatusOr<uint64_t> GgufWriter::CheckTensor(std::string_view name, GgmlType type,
+                                                 const std::vector<uint64_t>& dims) const {
   const std::string context = moert::StrCat("GgufWriter: tensor '", name, "'");
   for (const Tensor& t : tensors_) {
     if (t.name == name)
@@ -153,13 +162,30 @@ absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::ve
                                                     " is not a multiple of the block size ",
                                                     traits.block_elements, " of ", traits.name));
   }
+  return *n_bytes;
+}
+
+absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::vector<uint64_t> dims,
+                                   std::span<const uint8_t> data) {
+  absl::StatusOr<uint64_t> n_bytes = CheckTensor(name, type, dims);
+  if (!n_bytes.ok()) return n_bytes.status();
   if (*n_bytes != data.size()) {
-    return absl::InvalidArgumentError(moert::StrCat(context, ": ", traits.name, " data of ",
-                                                    n_elements, " elements is ", *n_bytes,
-                                                    " bytes, got ", data.size()));
+    uint64_t n_elements = 1;
+    for (uint64_t d : dims) n_elements *= d;
+    return absl::InvalidArgumentError(
+        moert::StrCat("GgufWriter: tensor '", name, "': ", TraitsOf(type).name, " data of ",
+                      n_elements, " elements is ", *n_bytes, " bytes, got ", data.size()));
   }
-  tensors_.push_back(Tensor{std::string(name), type, std::move(dims),
+  tensors_.push_back(Tensor{std::string(name), type, std::move(dims), *n_bytes, false,
                             std::vector<uint8_t>(data.begin(), data.end())});
+  return absl::OkStatus();
+}
+
+absl::Status GgufWriter::DeclareTensor(std::string_view name, GgmlType type,
+                                       std::vector<uint64_t> dims) {
+  absl::StatusOr<uint64_t> n_bytes = CheckTensor(name, type, dims);
+  if (!n_bytes.ok()) return n_bytes.status();
+  tensors_.push_back(Tensor{std::string(name), type, std::move(dims), *n_bytes, true, {}});
   return absl::OkStatus();
 }
 
@@ -194,7 +220,7 @@ std::vector<uint8_t> GgufWriter::SerializeMetadata() const {
     for (uint64_t d : t.dims) PutLe(out, d);
     PutLe(out, static_cast<uint32_t>(t.type));
     PutLe(out, offset);
-    offset += PadTo(t.data.size(), alignment_);
+    offset += PadTo(t.n_bytes, alignment_);
   }
   out.resize(PadTo(out.size(), alignment_), 0);
   return out;
@@ -203,19 +229,32 @@ std::vector<uint8_t> GgufWriter::SerializeMetadata() const {
 std::vector<uint8_t> GgufWriter::Serialize() const {
   std::vector<uint8_t> out = SerializeMetadata();
   for (const Tensor& t : tensors_) {
-    out.insert(out.end(), t.data.begin(), t.data.end());
+    assert(!t.declared && "Serialize needs every tensor's data; stream declared tensors");
+    if (t.declared) {
+      out.resize(out.size() + t.n_bytes, 0);
+    } else {
+      out.insert(out.end(), t.data.begin(), t.data.end());
+    }
     out.resize(PadTo(out.size(), alignment_), 0);
   }
   return out;
 }
 
+uint64_t GgufWriter::FileSize() const {
+  uint64_t size = SerializeMetadata().size();
+  for (const Tensor& t : tensors_) size += PadTo(t.n_bytes, alignment_);
+  return size;
+}
+
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
-  auto error = [&](std::string_view what, int err) {
-    std::string msg = moert::StrCat("cannot ", what, " '", path, "': ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::InternalError(msg);
-  };
+  auto error = [&](std::string_view what, int err) { return FileError(what, path, err); };
+  for (const Tensor& t : tensors_) {
+    if (t.declared) {
+      return absl::FailedPreconditionError(
+          moert::StrCat("cannot write '", path, "': tensor '", t.name,
+                        "' was declared without data; write it with OpenStream"));
+    }
+  }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "wb"),
                                                        &std::fclose);
   if (file == nullptr) return error("create", errno);
@@ -230,6 +269,96 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
     if (!put(t.data) || !put(std::span(zeros).first(pad))) return error("write", errno);
   }
   if (std::fclose(file.release()) != 0) return error("close", errno);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GgufTensorStream>> GgufWriter::OpenStream(
+    const std::string& path) const {
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) return FileError("create", path, errno);
+  std::unique_ptr<GgufTensorStream> stream(new GgufTensorStream(*this, path, file));
+  MOERT_RETURN_IF_ERROR(stream->WriteBytes(SerializeMetadata()));
+  // Held tensors before the first declared one.
+  MOERT_RETURN_IF_ERROR(stream->Advance());
+  return stream;
+}
+
+GgufTensorStream::GgufTensorStream(const GgufWriter& writer, std::string path, std::FILE* file)
+    : writer_(writer), path_(std::move(path)), file_(file) {
+  for (const GgufWriter::Tensor& t : writer_.tensors_) {
+    if (t.declared) declared_left_ += t.n_bytes;
+  }
+}
+
+GgufTensorStream::~GgufTensorStream() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+std::string_view GgufTensorStream::current_tensor() const {
+  return index_ < writer_.tensors_.size() ? std::string_view(writer_.tensors_[index_].name) : "";
+}
+
+absl::Status GgufTensorStream::WriteBytes(std::span<const uint8_t> bytes) {
+  if (!error_.ok()) return error_;
+  if (file_ == nullptr) {
+    return absl::FailedPreconditionError(moert::StrCat("'", path_, "' is already closed"));
+  }
+  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
+    error_ = FileError("write", path_, errno);
+  }
+  return error_;
+}
+
+absl::Status GgufTensorStream::Advance() {
+  const std::vector<GgufWriter::Tensor>& tensors = writer_.tensors_;
+  const std::vector<uint8_t> zeros(writer_.alignment_, 0);
+  while (index_ < tensors.size()) {
+    const GgufWriter::Tensor& t = tensors[index_];
+    if (!t.declared) {
+      MOERT_RETURN_IF_ERROR(WriteBytes(t.data));
+      written_ = t.n_bytes;
+    }
+    if (written_ < t.n_bytes) return absl::OkStatus();  // waiting for Write
+    const uint64_t pad = PadTo(t.n_bytes, writer_.alignment_) - t.n_bytes;
+    MOERT_RETURN_IF_ERROR(WriteBytes(std::span(zeros).first(pad)));
+    ++index_;
+    written_ = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GgufTensorStream::Write(std::span<const uint8_t> bytes) {
+  if (bytes.size() > declared_left_) {
+    const std::string_view last = writer_.tensors_.empty()
+                                      ? std::string_view()
+                                      : std::string_view(writer_.tensors_.back().name);
+    return absl::InvalidArgumentError(
+        moert::StrCat("'", path_, "': ", bytes.size(), " bytes given, but only ", declared_left_,
+                      " are left to write up to the end of tensor '", last, "'"));
+  }
+  const std::vector<GgufWriter::Tensor>& tensors = writer_.tensors_;
+  while (!bytes.empty()) {
+    const GgufWriter::Tensor& t = tensors[index_];
+    const uint64_t take = std::min<uint64_t>(bytes.size(), t.n_bytes - written_);
+    MOERT_RETURN_IF_ERROR(WriteBytes(bytes.first(take)));
+    written_ += take;
+    declared_left_ -= take;
+    bytes = bytes.subspan(take);
+    MOERT_RETURN_IF_ERROR(Advance());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GgufTensorStream::Finish() {
+  if (!error_.ok()) return error_;
+  if (index_ < writer_.tensors_.size()) {
+    const GgufWriter::Tensor& t = writer_.tensors_[index_];
+    return absl::FailedPreconditionError(moert::StrCat("'", path_, "': tensor '", t.name, "' has ",
+                                                       written_, " of its ", t.n_bytes, " bytes"));
+  }
+  MOERT_RETURN_IF_ERROR(WriteBytes({}));
+  std::FILE* file = std::exchange(file_, nullptr);
+  if (std::fclose(file) != 0) return FileError("close", path_, errno);
   return absl::OkStatus();
 }
 

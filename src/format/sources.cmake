@@ -6,4 +6,5 @@ list(APPEND MOERT_SOURCES
   format/dequant.cc
   format/arch.cc
   format/model_spec.cc
+  format/quantize.cc
 )

@@ -3,6 +3,7 @@
 // the fuzzer's seed corpus (tests/fuzz/corpus) is what SeedFiles() writes.
 #include "format/gguf_writer.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -402,6 +404,73 @@ TEST(GgufWriterTest, WriteFileMatchesSerialize) {
   absl::Status missing = w.WriteFile(::testing::TempDir() + "/no/such/dir/x.gguf");
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.message()), HasSubstr("no/such/dir/x.gguf"));
+}
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
+
+// Declared tensors streamed in pieces (one piece spanning two tensors), mixed with
+// held ones, give the same file as adding every tensor with its data.
+TEST(GgufWriterTest, StreamMatchesSerialize) {
+  std::vector<uint8_t> a(34 * 3), b(12), c(18 * 2), d(20);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<uint8_t>(200 - i);
+  std::fill(b.begin(), b.end(), 7);
+  std::fill(d.begin(), d.end(), 9);
+  GgufWriter held, streamed;
+  for (GgufWriter* w : {&held, &streamed}) {
+    w->SetString("general.architecture", "llama");
+    w->SetAlignment(64);
+  }
+  ASSERT_TRUE(held.AddTensor("held0", GgmlType::kF32, {5}, d).ok());
+  ASSERT_TRUE(held.AddTensor("a", GgmlType::kQ8_0, {32, 3}, a).ok());
+  ASSERT_TRUE(held.AddTensor("b", GgmlType::kF32, {3}, b).ok());
+  ASSERT_TRUE(held.AddTensor("held1", GgmlType::kF32, {5}, d).ok());
+  ASSERT_TRUE(held.AddTensor("c", GgmlType::kQ4_0, {32, 2}, c).ok());
+  ASSERT_TRUE(streamed.AddTensor("held0", GgmlType::kF32, {5}, d).ok());
+  ASSERT_TRUE(streamed.DeclareTensor("a", GgmlType::kQ8_0, {32, 3}).ok());
+  ASSERT_TRUE(streamed.DeclareTensor("b", GgmlType::kF32, {3}).ok());
+  ASSERT_TRUE(streamed.AddTensor("held1", GgmlType::kF32, {5}, d).ok());
+  ASSERT_TRUE(streamed.DeclareTensor("c", GgmlType::kQ4_0, {32, 2}).ok());
+  EXPECT_EQ(streamed.FileSize(), held.Serialize().size());
+  EXPECT_EQ(held.FileSize(), held.Serialize().size());
+
+  const std::string path = ::testing::TempDir() + "/gguf_writer_stream_test.gguf";
+  auto stream = streamed.OpenStream(path);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ((*stream)->current_tensor(), "a");
+  ASSERT_TRUE((*stream)->Write(std::span(a).first(50)).ok());
+  std::vector<uint8_t> a_rest_and_b(a.begin() + 50, a.end());
+  a_rest_and_b.insert(a_rest_and_b.end(), b.begin(), b.end());
+  ASSERT_TRUE((*stream)->Write(a_rest_and_b).ok());
+  EXPECT_EQ((*stream)->current_tensor(), "c");
+  absl::Status early = (*stream)->Finish();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(early.message()), HasSubstr("'c' has 0 of its 36 bytes"));
+  absl::Status too_much = (*stream)->Write(std::vector<uint8_t>(37, 0));
+  EXPECT_EQ(too_much.code(), absl::StatusCode::kInvalidArgument);
+  for (uint8_t byte : c) ASSERT_TRUE((*stream)->Write(std::span(&byte, 1)).ok());
+  EXPECT_EQ((*stream)->current_tensor(), "");
+  ASSERT_TRUE((*stream)->Finish().ok());
+  EXPECT_EQ(ReadAll(path), held.Serialize());
+  std::filesystem::remove(path);
+}
+
+TEST(GgufWriterTest, DeclaredTensorsAreCheckedAndNeedAStream) {
+  GgufWriter w;
+  absl::Status bad_row = w.DeclareTensor("x", GgmlType::kQ4_0, {48, 2});
+  EXPECT_EQ(bad_row.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_row.message()), HasSubstr("block size 32"));
+  ASSERT_TRUE(w.DeclareTensor("x", GgmlType::kQ4_0, {64, 2}).ok());
+  EXPECT_EQ(w.DeclareTensor("x", GgmlType::kF32, {1}).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status write = w.WriteFile(::testing::TempDir() + "/never_written.gguf");
+  EXPECT_EQ(write.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(write.message()), HasSubstr("'x'"));
+  auto no_dir = w.OpenStream(::testing::TempDir() + "/no/such/dir/x.gguf");
+  EXPECT_EQ(no_dir.status().code(), absl::StatusCode::kNotFound);
 }
 
 // The fuzzer's seeds: small valid files that together reach every value type, nested
