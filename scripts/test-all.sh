@@ -3,6 +3,7 @@
 #   1. x86_64 build, warnings as errors, unit + tool + install tests
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. aarch64 cross build, its tests under qemu-aarch64 -cpu max
+#   (tests labelled `slow`, the full perplexity runs, only run in step 1)
 #   4. the GGUF fuzzer (libFuzzer) for a bounded time
 # Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
 # change the fuzzing time (default 60), MOERT_SKIP="aarch64 asan fuzz" to skip steps.
@@ -29,7 +30,7 @@ if [[ $skip != *" asan "* ]]; then
     -DMOERT_SANITIZE=ON -DMOERT_BUILD_BENCH=OFF -DMOERT_BUILD_TOOLS=OFF
   cmake --build "$root/asan" -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$root/asan" --output-on-failure -j "$jobs" -E '^install\.'
+    ctest --test-dir "$root/asan" --output-on-failure -j "$jobs" -E '^install\.' -LE slow
 fi
 
 if [[ $skip != *" aarch64 "* ]]; then
@@ -39,7 +40,7 @@ if [[ $skip != *" aarch64 "* ]]; then
     -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
     -DMOERT_ARM64_SYSROOT="$PWD/$root/aarch64/sysroot"
   cmake --build "$root/aarch64" -j "$jobs"
-  ctest --test-dir "$root/aarch64" --output-on-failure -j "$jobs"
+  ctest --test-dir "$root/aarch64" --output-on-failure -j "$jobs" -LE slow
 fi
 
 if [[ $skip != *" fuzz "* ]]; then

@@ -1,4 +1,8 @@
 # Sources of src/runtime (paths relative to src/).
 list(APPEND MOERT_SOURCES
   runtime/version.cc
+  runtime/status.cc
+  runtime/runtime.cc
+  runtime/session.cc
+  runtime/c_api.cc
 )

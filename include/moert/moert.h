@@ -1,0 +1,204 @@
+/* moert's C API, for JNI and other foreign-function callers: load a GGUF model,
+ * open sessions on it and stream generated text through a callback.
+ *
+ * Conventions: every function that can fail returns a moert_status and writes its
+ * results through out-parameters; the message of a failure is read with
+ * moert_last_error() (runtime) or moert_session_last_error() (session). A NULL handle
+ * or a NULL required argument gives MOERT_INVALID_ARGUMENT. No C++ exception ever
+ * leaves these functions. Strings are UTF-8 and NUL-terminated; the library copies
+ * what it keeps. A handle is used from one thread at a time, except
+ * moert_session_cancel(), which may be called from any thread. */
+#ifndef MOERT_MOERT_H_
+#define MOERT_MOERT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moert/export.h"
+#include "moert/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A runtime: options and the loaded model. Create with moert_runtime_create(). */
+typedef struct moert_runtime moert_runtime;
+
+/** A conversation on a runtime's model: chat history and KV cache. Create with
+ * moert_session_create(). It keeps its model alive, so it may outlive the runtime. */
+typedef struct moert_session moert_session;
+
+/** What a call returned. The values are stable. */
+typedef enum moert_status {
+  MOERT_OK = 0,                  /**< success */
+  MOERT_INVALID_ARGUMENT = 1,    /**< a bad argument, request or file contents */
+  MOERT_NOT_FOUND = 2,           /**< a file that does not exist */
+  MOERT_OUT_OF_RANGE = 3,        /**< a prompt longer than the context */
+  MOERT_UNIMPLEMENTED = 4,       /**< a model feature moert does not support yet */
+  MOERT_CANCELLED = 5,           /**< generation cancelled by the caller */
+  MOERT_INTERNAL = 6,            /**< a bug, or an unexpected exception inside */
+  MOERT_FAILED_PRECONDITION = 7, /**< a call in the wrong state (no model loaded) */
+  MOERT_DATA_LOSS = 8,           /**< a truncated file */
+  MOERT_RESOURCE_EXHAUSTED = 9,  /**< out of memory */
+  MOERT_PERMISSION_DENIED = 10   /**< a file that may not be read */
+} moert_status;
+
+/** Why generation ended. */
+typedef enum moert_finish_reason {
+  MOERT_FINISH_NONE = 0,              /**< it did not start (an error) */
+  MOERT_FINISH_END_OF_GENERATION = 1, /**< the model produced EOS / end of turn */
+  MOERT_FINISH_STOP_STRING = 2,       /**< a stop string appeared (it is not emitted) */
+  MOERT_FINISH_MAX_TOKENS = 3,        /**< max_tokens were generated */
+  MOERT_FINISH_CANCELLED = 4,         /**< the callback or moert_session_cancel() stopped it */
+  MOERT_FINISH_CONTEXT_FULL = 5       /**< the context filled up (MOERT_CONTEXT_ERROR) */
+} moert_finish_reason;
+
+/** What to do when the context cannot hold a prompt or its continuation. */
+typedef enum moert_context_policy {
+  /** A prompt that does not fit is MOERT_OUT_OF_RANGE; generation stops at a full
+   * context (MOERT_FINISH_CONTEXT_FULL). */
+  MOERT_CONTEXT_ERROR = 0,
+  /** Drop the oldest turns (a leading system message stays) or, for raw text, keep
+   * the tail; then re-evaluate what is left. */
+  MOERT_CONTEXT_SLIDE = 1
+} moert_context_policy;
+
+/** Runtime options. Fill with moert_runtime_options_default() first. */
+typedef struct moert_runtime_options {
+  int32_t threads;        /**< compute threads; 0: one per online CPU */
+  int32_t context_length; /**< KV cache positions per session; 0: the model's training context */
+} moert_runtime_options;
+
+/** Sampling settings, with llama.cpp's meanings; temperature 0 is greedy. */
+typedef struct moert_sampler_params {
+  float temperature;     /**< default 0.8; <= 0: greedy (argmax) */
+  int32_t top_k;         /**< default 40; <= 0: off */
+  float top_p;           /**< default 0.95; 1: off */
+  float min_p;           /**< default 0.05; 0: off */
+  float repeat_penalty;  /**< default 1 (off) */
+  int32_t repeat_last_n; /**< default 64: tokens the penalty looks back over; -1: all */
+  uint64_t seed;         /**< default 0xFFFFFFFF; same seed, same tokens */
+} moert_sampler_params;
+
+/** One chat message. */
+typedef struct moert_message {
+  const char* role;    /**< "system", "user" or "assistant" */
+  const char* content; /**< the text */
+} moert_message;
+
+/** A generation request. Fill with moert_generate_params_default() first. Give
+ * either `prompt` (raw text appended to the session, no chat template) or
+ * `messages` (appended to the session's history and formatted with the chat
+ * template), not both. */
+typedef struct moert_generate_params {
+  const char* prompt;            /**< raw text, or NULL */
+  const moert_message* messages; /**< chat messages, or NULL */
+  size_t n_messages;             /**< number of `messages` */
+  int32_t max_tokens;            /**< llama.cpp's n_predict; < 0 (default): no limit */
+  moert_sampler_params sampler;  /**< sampling settings */
+  const char* const* stop;       /**< stop strings (never emitted), or NULL */
+  size_t n_stop;                 /**< number of `stop` strings */
+  /** Chat template by name ("chatml", "llama2", "llama3", "plain"); NULL or "": the
+   * model's own (plain when it has none). */
+  const char* chat_template;
+  moert_context_policy context_policy; /**< default MOERT_CONTEXT_ERROR */
+} moert_generate_params;
+
+/** Figures of a session's last generation. */
+typedef struct moert_stats {
+  int32_t prompt_tokens;         /**< tokens of context the request needed before generating */
+  int32_t cached_tokens;         /**< of those, already in the KV cache from earlier turns */
+  int32_t prefill_tokens;        /**< tokens evaluated as a batch */
+  int32_t generated_tokens;      /**< tokens passed to the callback (end of generation excluded) */
+  int32_t context_slides;        /**< times MOERT_CONTEXT_SLIDE dropped old context */
+  double prefill_ms;             /**< time spent in prefill */
+  double decode_ms;              /**< time spent in one-token steps */
+  double time_to_first_token_ms; /**< from the call to the first sampled token */
+  double prefill_tokens_per_second;  /**< prefill_tokens / prefill time */
+  double decode_tokens_per_second;   /**< one-token steps per second */
+  int64_t peak_rss_bytes;            /**< the process's peak resident memory so far */
+  moert_finish_reason finish_reason; /**< why it ended */
+} moert_stats;
+
+/** Called while a model loads with the fraction done, rising to exactly 1.0. */
+typedef void (*moert_progress_callback)(float progress, void* user_data);
+
+/** Called once per generated token with the NUL-terminated text that became final
+ * with it (may be "", while a possible stop string or a partial UTF-8 character is
+ * held back) and the token id, and once more with token -1 for text still held back
+ * at the end. Return 0 to go on, non-zero to cancel (the generation then returns
+ * MOERT_CANCELLED). `piece` is valid only during the call. */
+typedef int (*moert_token_callback)(const char* piece, int32_t token, void* user_data);
+
+/** "MOERT_OK", "MOERT_INVALID_ARGUMENT", ...; never NULL. */
+MOERT_API const char* moert_status_string(moert_status status);
+
+/** Fills `options` with the defaults. Does nothing when `options` is NULL. */
+MOERT_API void moert_runtime_options_default(moert_runtime_options* options);
+
+/** Fills `params` with the defaults (no prompt, no limit, llama.cpp's sampling
+ * defaults). Does nothing when `params` is NULL. */
+MOERT_API void moert_generate_params_default(moert_generate_params* params);
+
+/** Creates a runtime. `options` may be NULL (defaults). On failure `*runtime` is
+ * NULL and moert_last_error(NULL) says why. */
+MOERT_API moert_status moert_runtime_create(const moert_runtime_options* options,
+                                            moert_runtime** runtime);
+
+/** Destroys a runtime (NULL is ignored). Its sessions stay usable. */
+MOERT_API void moert_runtime_destroy(moert_runtime* runtime);
+
+/** The message of the last call on `runtime` ("" when it succeeded). With NULL:
+ * the message of the calling thread's last call that had no handle to keep it on
+ * (moert_runtime_create, or a call given a NULL handle or out-parameter). Valid
+ * until the next call on the handle (or, for NULL, on the thread). Never NULL. */
+MOERT_API const char* moert_last_error(const moert_runtime* runtime);
+
+/** Loads a GGUF model, replacing the loaded one only on success. `progress` may be
+ * NULL. Errors name the file and what is wrong with it. */
+MOERT_API moert_status moert_runtime_load_model(moert_runtime* runtime, const char* path,
+                                                moert_progress_callback progress, void* user_data);
+
+/** The context length sessions of the loaded model get; MOERT_FAILED_PRECONDITION
+ * when no model is loaded. */
+MOERT_API moert_status moert_runtime_context_length(const moert_runtime* runtime,
+                                                    int32_t* context_length);
+
+/** Creates a session on the loaded model; MOERT_FAILED_PRECONDITION when no model
+ * is loaded. */
+MOERT_API moert_status moert_session_create(moert_runtime* runtime, moert_session** session);
+
+/** Destroys a session (NULL is ignored). */
+MOERT_API void moert_session_destroy(moert_session* session);
+
+/** As moert_last_error(), for a session; NULL gives "". Never NULL. */
+MOERT_API const char* moert_session_last_error(const moert_session* session);
+
+/** Appends a message to the session's history without generating (a system prompt,
+ * or earlier turns). */
+MOERT_API moert_status moert_session_add_message(moert_session* session, const char* role,
+                                                 const char* content);
+
+/** Generates a continuation for `params`, streaming it to `callback` (may be NULL).
+ * Only the tokens the session's KV cache does not hold yet are evaluated. A bad
+ * request leaves the session unchanged. */
+MOERT_API moert_status moert_session_generate(moert_session* session,
+                                              const moert_generate_params* params,
+                                              moert_token_callback callback, void* user_data);
+
+/** Asks the generation running on `session` to stop before its next step (it then
+ * returns MOERT_CANCELLED); safe to call from any thread. A cancel while no
+ * generation runs is forgotten when the next one starts. */
+MOERT_API moert_status moert_session_cancel(moert_session* session);
+
+/** Forgets the session's history and KV cache. */
+MOERT_API moert_status moert_session_reset(moert_session* session);
+
+/** The figures of the session's last generation. */
+MOERT_API moert_status moert_session_stats(const moert_session* session, moert_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOERT_MOERT_H_ */

@@ -1,0 +1,251 @@
+// moert's C++ API: load a GGUF model, open chat sessions on it and stream generated
+// text. Self-contained (standard library only) so an app needs nothing but this
+// header and libmoert. Errors come back as moert::Status values, never as
+// exceptions of moert's own (std::bad_alloc and exceptions thrown by your callbacks
+// pass through).
+//
+//   std::unique_ptr<moert::MoERuntime> runtime;
+//   moert::Status s = moert::MoERuntime::Create({}, &runtime);
+//   if (s.ok()) s = runtime->LoadModel("model.gguf");
+//   std::unique_ptr<moert::Session> session;
+//   if (s.ok()) s = runtime->CreateSession(&session);
+//   moert::GenerateRequest request;
+//   request.messages = {{"user", "Who art thou?"}};
+//   if (s.ok()) s = session->Generate(request, [](std::string_view piece, int32_t) {
+//     std::cout << piece << std::flush;
+//     return true;  // false cancels
+//   });
+//
+// Threads: a MoERuntime and each Session are used from one thread at a time; several
+// sessions may generate on different threads at once (their steps take turns on the
+// model). A Session keeps the model it was created on alive, even if the runtime
+// loads another one or is destroyed first.
+#ifndef MOERT_RUNTIME_H_
+#define MOERT_RUNTIME_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moert/export.h"
+
+namespace moert {
+
+// The kinds of failure; the values equal the C API's moert_status.
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,     // a bad argument, request or file contents
+  kNotFound = 2,            // a file that does not exist
+  kOutOfRange = 3,          // a prompt longer than the context
+  kUnimplemented = 4,       // a model feature moert does not support yet
+  kCancelled = 5,           // generation cancelled by the caller
+  kInternal = 6,            // a bug, or an unexpected exception
+  kFailedPrecondition = 7,  // a call in the wrong state (generate before a model is loaded)
+  kDataLoss = 8,            // a truncated file
+  kResourceExhausted = 9,   // out of memory
+  kPermissionDenied = 10,   // a file that may not be read
+};
+
+// The outcome of a call: a code and, when not OK, a message saying what went wrong.
+class MOERT_API Status {
+ public:
+  Status() = default;  // OK
+  Status(StatusCode code, std::string message);
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "OK", or "<code name>: <message>".
+  std::string ToString() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// "OK", "INVALID_ARGUMENT", ... for a code.
+MOERT_API const char* StatusCodeName(StatusCode code);
+
+struct RuntimeOptions {
+  int threads = 0;         // compute threads; 0: one per online CPU
+  int context_length = 0;  // KV cache positions per session; 0: the model's training context
+};
+
+struct ModelInfo {
+  std::string path;
+  std::string architecture;  // general.architecture, e.g. "llama"
+  std::string name;          // general.name (may be empty)
+  int vocab_size = 0;
+  int training_context_length = 0;
+  int context_length = 0;     // what each session gets
+  std::string chat_template;  // the template family sessions use by default: "chatml", ...
+  double load_ms = 0;
+};
+
+struct Message {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+// What to do when a prompt, or a prompt plus what is being generated, does not fit
+// the context.
+enum class ContextPolicy {
+  kError,  // a prompt that does not fit is OutOfRange; generation stops at a full context
+  kSlide,  // drop the oldest turns (keeping a leading system message) or, for raw text,
+           // keep the tail, then re-prefill what is left
+};
+
+enum class FinishReason {
+  kNone,             // did not start (an error)
+  kEndOfGeneration,  // the model produced an end-of-generation token (EOS, EOT, ...)
+  kStopString,       // one of the request's stop strings appeared
+  kMaxTokens,        // max_tokens were generated
+  kCancelled,        // the cancel flag or the callback asked to stop
+  kContextFull,      // the context filled up (ContextPolicy::kError)
+};
+
+struct GenerateRequest {
+  // The input: either raw text (no chat template), appended to what the session
+  // already holds, or chat messages, appended to the session's history and
+  // formatted with the chat template together with it. Not both.
+  std::string prompt;
+  std::vector<Message> messages;
+
+  int max_tokens = -1;  // llama.cpp's n_predict; < 0: until end of generation or a full context
+
+  // Sampling (llama.cpp's meanings and defaults); temperature 0 is greedy.
+  float temperature = 0.8f;
+  int top_k = 40;               // <= 0: off
+  float top_p = 0.95f;          // 1: off
+  float min_p = 0.05f;          // 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;       // tokens the repeat penalty looks back over (-1: all)
+  uint64_t seed = 0xFFFFFFFF;   // same seed, same tokens
+
+  // Generation stops where one of these appears in the text; it is not emitted.
+  std::vector<std::string> stop;
+  // Set to true from any thread to stop generating (checked before every step).
+  const std::atomic<bool>* cancel = nullptr;
+  // Chat template by name ("chatml", "llama2", "llama3", "plain"); empty: the
+  // model's own (tokenizer.chat_template), plain when it has none.
+  std::string chat_template;
+  ContextPolicy context_policy = ContextPolicy::kError;
+};
+
+struct GenerateResult {
+  std::string text;             // everything the callback received
+  std::vector<int32_t> tokens;  // the generated token ids (end-of-generation excluded)
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// Figures of the last Generate call.
+struct GenerationStats {
+  int prompt_tokens = 0;     // tokens of context the request needed before generating
+  int cached_tokens = 0;     // of those, already in the KV cache from earlier turns
+  int prefill_tokens = 0;    // tokens evaluated as a batch (the prompt's new tokens and
+                             // any re-prefill after a context slide)
+  int generated_tokens = 0;  // tokens sampled and passed on (end-of-generation excluded)
+  int context_slides = 0;    // times ContextPolicy::kSlide dropped old context
+  double prefill_ms = 0;
+  double decode_ms = 0;
+  double time_to_first_token_ms = 0;  // from the call to the first sampled token
+  double prefill_tokens_per_second = 0;
+  double decode_tokens_per_second = 0;  // one-token steps after the first token
+  int64_t peak_rss_bytes = 0;           // the process's peak resident memory so far
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// Called once per generated token with the text that became final with it (empty
+// while a possible stop string or an incomplete UTF-8 character is held back), and
+// once more with token -1 for text still held back at the end. Return false to
+// cancel generation.
+using TokenCallback = std::function<bool(std::string_view piece, int32_t token)>;
+
+// Called while a model loads with the fraction done, rising to exactly 1.
+using ProgressCallback = std::function<void(float fraction)>;
+
+// A conversation: chat history plus the KV cache of everything said so far, so each
+// turn only evaluates its new tokens.
+class MOERT_API Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Appends a message to the history without generating (a system prompt, or
+  // earlier turns). InvalidArgument for a role other than system, user, assistant.
+  Status AddMessage(std::string role, std::string content);
+
+  // Generates a continuation, streaming it to `on_token` (may be empty) and, when
+  // `result` is not null, collecting it there. On a bad request the session is left
+  // as it was. Cancelling gives Cancelled; what was generated until then stays in
+  // the session (and in `result`).
+  Status Generate(const GenerateRequest& request, const TokenCallback& on_token = {},
+                  GenerateResult* result = nullptr);
+
+  // One chat turn: `request` with messages = {{"user", user_message}}.
+  Status Chat(std::string user_message, GenerateRequest request, const TokenCallback& on_token = {},
+              GenerateResult* result = nullptr);
+
+  // Forgets the history and the KV cache.
+  void Reset();
+
+  const std::vector<Message>& history() const;
+  // Token ids of the conversation so far (what the KV cache holds or will hold).
+  const std::vector<int32_t>& context_tokens() const;
+  int context_length() const;
+  GenerationStats Stats() const;
+
+  class Impl;  // opaque: the library's own
+
+ private:
+  friend class MoERuntime;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class MOERT_API MoERuntime {
+ public:
+  // InvalidArgument for negative threads or context_length.
+  static Status Create(const RuntimeOptions& options, std::unique_ptr<MoERuntime>* runtime);
+  ~MoERuntime();
+  MoERuntime(const MoERuntime&) = delete;
+  MoERuntime& operator=(const MoERuntime&) = delete;
+
+  // Loads a GGUF model, replacing the loaded one only on success. Errors name the
+  // file and what is wrong (missing, not a GGUF, truncated, unsupported
+  // architecture, no tensors in it, ...).
+  Status LoadModel(const std::string& path, const ProgressCallback& progress = {});
+  bool model_loaded() const;
+  // Empty (default values) when no model is loaded.
+  ModelInfo model_info() const;
+
+  // A new session on the loaded model; FailedPrecondition when none is loaded.
+  Status CreateSession(std::unique_ptr<Session>* session);
+
+  // One-shot generation on a fresh context (no history kept between calls; a
+  // prompt sharing a prefix with the previous call's reuses its KV cache).
+  // FailedPrecondition when no model is loaded.
+  Status Generate(const GenerateRequest& request, const TokenCallback& on_token = {},
+                  GenerateResult* result = nullptr);
+  // Figures of the last one-shot Generate.
+  GenerationStats Stats() const;
+
+  const RuntimeOptions& options() const;
+
+ private:
+  struct Impl;
+  explicit MoERuntime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// "end_of_generation", "stop_string", ... for logs and the CLI.
+MOERT_API const char* FinishReasonName(FinishReason reason);
+
+}  // namespace moert
+
+#endif  // MOERT_RUNTIME_H_

@@ -1,0 +1,326 @@
+// The decoder-only transformer shared by every architecture, its KV cache, and the
+// attention and feed-forward blocks the architecture files compose.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "core/status.h"
+#include "core/strings.h"
+
+namespace moert::model {
+
+using format::ModelSpec;
+using format::TensorKind;
+using format::TensorWeightName;
+
+namespace {
+
+// Caps on the KV cache: far above what a device can hold, low enough to catch a
+// mistaken size before it turns into an allocation failure.
+constexpr int kMaxCacheContext = 1 << 22;
+constexpr uint64_t kMaxCacheBytes = uint64_t{64} << 30;
+
+// Long prompts run in micro-batches of this many tokens: the scratch stays bounded
+// and the results are the same bit for bit (see layers.h).
+constexpr int64_t kMaxMicroBatch = 512;
+
+int64_t KeyWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_k; }
+int64_t ValueWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_v; }
+
+}  // namespace
+
+// fp32 keys and values, layer-major: layer l's keys are [capacity][n_head_kv * head_dim_k].
+class DecoderKvCache final : public KvCache {
+ public:
+  DecoderKvCache(int capacity, int n_layer, int64_t k_width, int64_t v_width)
+      : capacity_(capacity),
+        n_layer_(n_layer),
+        k_width_(k_width),
+        v_width_(v_width),
+        k_(static_cast<size_t>(int64_t{capacity} * n_layer * k_width)),
+        v_(static_cast<size_t>(int64_t{capacity} * n_layer * v_width)) {}
+
+  int capacity() const override { return capacity_; }
+  int size() const override { return size_; }
+  void Truncate(int n) override { size_ = std::clamp(n, 0, size_); }
+
+  bool Fits(const ModelSpec& spec) const {
+    return n_layer_ == static_cast<int>(spec.n_layer) && k_width_ == KeyWidth(spec) &&
+           v_width_ == ValueWidth(spec);
+  }
+  float* keys(int layer) { return k_.data() + int64_t{layer} * capacity_ * k_width_; }
+  float* values(int layer) { return v_.data() + int64_t{layer} * capacity_ * v_width_; }
+  void set_size(int n) { size_ = n; }
+
+ private:
+  int capacity_;
+  int n_layer_;
+  int64_t k_width_;
+  int64_t v_width_;
+  int size_ = 0;
+  std::vector<float> k_;
+  std::vector<float> v_;
+};
+
+DecoderModel::DecoderModel(ModelSpec spec, int threads) : spec_(std::move(spec)), pool_(threads) {}
+
+absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
+                                       const ModelLoadOptions& options) {
+  const int64_t n_embd = spec_.n_embd;
+  WeightLoader loader(file, options.progress);
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kTokenEmbd), spec_.n_vocab, n_embd, &token_embd_));
+  MOERT_RETURN_IF_ERROR(
+      loader.LoadVector(TensorWeightName(TensorKind::kOutputNorm), n_embd, &output_norm_));
+  if (!spec_.tied_embeddings) {
+    MOERT_RETURN_IF_ERROR(
+        loader.Load(TensorWeightName(TensorKind::kOutput), spec_.n_vocab, n_embd, &output_));
+  }
+  MOERT_RETURN_IF_ERROR(loader.LoadOptionalVector(TensorWeightName(TensorKind::kRopeFreqs),
+                                                  spec_.n_rot / 2, &rope_freqs_));
+  layers_.resize(spec_.n_layer);
+  for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
+    MOERT_RETURN_IF_ERROR(LoadLayer(loader, il, &layers_[il]));
+  }
+  if (options.progress) options.progress(1.0f);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(int n_ctx) const {
+  if (n_ctx < 1 || n_ctx > kMaxCacheContext) {
+    return absl::InvalidArgumentError(
+        StrCat("KV cache size ", n_ctx, " is outside [1, ", kMaxCacheContext, "]"));
+  }
+  const uint64_t bytes = uint64_t(n_ctx) * spec_.n_layer *
+                         uint64_t(KeyWidth(spec_) + ValueWidth(spec_)) * sizeof(float);
+  if (bytes > kMaxCacheBytes) {
+    return absl::InvalidArgumentError(StrCat("a KV cache of ", n_ctx, " positions needs ", bytes,
+                                             " bytes, above the cap of ", kMaxCacheBytes));
+  }
+  try {
+    return std::unique_ptr<KvCache>(std::make_unique<DecoderKvCache>(
+        n_ctx, static_cast<int>(spec_.n_layer), KeyWidth(spec_), ValueWidth(spec_)));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        StrCat("cannot allocate a KV cache of ", n_ctx, " positions (", bytes, " bytes)"));
+  }
+}
+
+absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+                                   std::vector<float>* logits) {
+  if (cache == nullptr || logits == nullptr) {
+    return absl::InvalidArgumentError("Forward needs a KV cache and a logits vector");
+  }
+  auto* kv = dynamic_cast<DecoderKvCache*>(cache);
+  if (kv == nullptr || !kv->Fits(spec_)) {
+    return absl::InvalidArgumentError("the KV cache was not made by this model");
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError("Forward got an empty batch");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= spec_.n_vocab) {
+      return absl::InvalidArgumentError(StrCat("token id ", tokens[i], " at batch index ", i,
+                                               " is outside the vocabulary [0, ", spec_.n_vocab,
+                                               ")"));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t pos0 = kv->size();
+  if (n > kv->capacity() - pos0) {
+    return absl::OutOfRangeError(StrCat("positions ", pos0, "..", pos0 + n - 1,
+                                        " pass the KV cache capacity of ", kv->capacity(),
+                                        " positions (", pos0, " already filled)"));
+  }
+
+  const int64_t n_vocab = spec_.n_vocab;
+  logits->resize(static_cast<size_t>(which == LogitsFor::kAll ? n * n_vocab : n_vocab));
+  for (int64_t b = 0; b < n; b += kMaxMicroBatch) {
+    const int64_t m = std::min(kMaxMicroBatch, n - b);
+    int64_t first_row = m;  // no logits from this micro-batch
+    float* dst = logits->data();
+    if (which == LogitsFor::kAll) {
+      first_row = 0;
+      dst += b * n_vocab;
+    } else if (b + m == n) {
+      first_row = m - 1;
+    }
+    ForwardBatch(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)), pos0 + b, kv,
+                 first_row, dst);
+    kv->set_size(static_cast<int>(pos0 + b + m));
+  }
+  return absl::OkStatus();
+}
+
+void DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
+                                DecoderKvCache* cache, int64_t first_logit_row, float* logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t n_embd = spec_.n_embd;
+  std::vector<float> x(static_cast<size_t>(n * n_embd));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = token_embd_.row(tokens[t]);
+    std::copy(row, row + n_embd, x.begin() + t * n_embd);
+  }
+  std::vector<float> cur(x.size()), out(x.size());
+
+  LayerContext ctx;
+  ctx.pool = &pool_;
+  ctx.spec = &spec_;
+  ctx.rope.n_rot = static_cast<int>(spec_.n_rot);
+  ctx.rope.theta_base = spec_.rope_theta;
+  ctx.rope.freq_scale =
+      spec_.rope_scaling == format::RopeScaling::kLinear ? 1.0f / spec_.rope_scaling_factor : 1.0f;
+  ctx.rope.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+  ctx.n_tokens = n;
+  ctx.pos0 = pos0;
+  ctx.x = x.data();
+  ctx.cur = &cur;
+  ctx.out = &out;
+  for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
+    ctx.k_cache = cache->keys(il);
+    ctx.v_cache = cache->values(il);
+    RunLayer(ctx, layers_[il]);
+  }
+
+  if (first_logit_row >= n) return;
+  const int64_t rows = n - first_logit_row;
+  RmsNorm(x.data() + first_logit_row * n_embd, rows, n_embd, output_norm_.data(), spec_.rms_eps,
+          cur.data());
+  MatMul(pool_, output_.empty() ? token_embd_ : output_, cur.data(), rows, logits);
+}
+
+absl::Status LoadAttention(WeightLoader& loader, const ModelSpec& spec, int layer,
+                           const AttentionOptions& options, AttentionWeights* w) {
+  const int64_t n_embd = spec.n_embd;
+  const int64_t q_width = int64_t{spec.n_head} * spec.head_dim_k;
+  const int64_t k_width = KeyWidth(spec);
+  const int64_t v_width = ValueWidth(spec);
+  const int64_t o_width = int64_t{spec.n_head} * spec.head_dim_v;
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kAttnQ, layer), q_width, n_embd, &w->wq));
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kAttnK, layer), k_width, n_embd, &w->wk));
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kAttnV, layer), v_width, n_embd, &w->wv));
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kAttnOut, layer), n_embd, o_width, &w->wo));
+  struct Bias {
+    TensorKind kind;
+    int64_t width;
+    std::vector<float>* out;
+  };
+  for (const Bias& b :
+       {Bias{TensorKind::kAttnQ, q_width, &w->bq}, Bias{TensorKind::kAttnK, k_width, &w->bk},
+        Bias{TensorKind::kAttnV, v_width, &w->bv}}) {
+    const std::string name = format::TensorBiasName(b.kind, layer);
+    MOERT_RETURN_IF_ERROR(options.bias ? loader.LoadVector(name, b.width, b.out)
+                                       : loader.LoadOptionalVector(name, b.width, b.out));
+  }
+  if (options.qk_norm != format::QkNorm::kNone) {
+    const bool per_head = options.qk_norm == format::QkNorm::kPerHead;
+    MOERT_RETURN_IF_ERROR(loader.LoadVector(TensorWeightName(TensorKind::kAttnQNorm, layer),
+                                            per_head ? spec.head_dim_k : q_width, &w->q_norm));
+    MOERT_RETURN_IF_ERROR(loader.LoadVector(TensorWeightName(TensorKind::kAttnKNorm, layer),
+                                            per_head ? spec.head_dim_k : k_width, &w->k_norm));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadDenseFfn(WeightLoader& loader, const ModelSpec& spec, int layer, FfnWeights* w) {
+  const int64_t n_embd = spec.n_embd;
+  const int64_t n_ff = spec.n_ff;
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kFfnGate, layer), n_ff, n_embd, &w->gate));
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kFfnUp, layer), n_ff, n_embd, &w->up));
+  return loader.Load(TensorWeightName(TensorKind::kFfnDown, layer), n_embd, n_ff, &w->down);
+}
+
+absl::Status LoadMoeFfn(WeightLoader& loader, const ModelSpec& spec, int layer, bool shared_expert,
+                        MoeWeights* w) {
+  const int64_t n_embd = spec.n_embd;
+  const int64_t n_expert = spec.n_expert;
+  const int64_t n_ff = spec.n_ff_expert;
+  w->n_expert = static_cast<int>(spec.n_expert);
+  w->n_used = static_cast<int>(spec.n_expert_used);
+  w->n_ff = static_cast<int>(spec.n_ff_expert);
+  w->renormalize = spec.renormalize_topk;
+  MOERT_RETURN_IF_ERROR(
+      loader.Load(TensorWeightName(TensorKind::kFfnGateInp, layer), n_expert, n_embd, &w->router));
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnGateExps, layer),
+                                    n_expert * n_ff, n_embd, &w->gate_exps));
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnUpExps, layer),
+                                    n_expert * n_ff, n_embd, &w->up_exps));
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnDownExps, layer),
+                                    n_expert * n_embd, n_ff, &w->down_exps));
+  if (!shared_expert) return absl::OkStatus();
+  const int64_t n_shared = spec.n_ff_shared_expert;
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnGateShexp, layer), n_shared,
+                                    n_embd, &w->shared.gate));
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnUpShexp, layer), n_shared,
+                                    n_embd, &w->shared.up));
+  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnDownShexp, layer), n_embd,
+                                    n_shared, &w->shared.down));
+  return loader.Load(TensorWeightName(TensorKind::kFfnGateInpShexp, layer), 1, n_embd,
+                     &w->shared_gate);
+}
+
+void RunAttention(LayerContext& ctx, const AttentionWeights& w, const AttentionOptions& options,
+                  const float* in, float* out) {
+  const ModelSpec& spec = *ctx.spec;
+  const int64_t n = ctx.n_tokens;
+  const int n_head = static_cast<int>(spec.n_head);
+  const int n_head_kv = static_cast<int>(spec.n_head_kv);
+  const int dk = static_cast<int>(spec.head_dim_k);
+  const int64_t q_width = int64_t{n_head} * dk;
+  const int64_t k_width = KeyWidth(spec);
+  const int64_t v_width = ValueWidth(spec);
+  std::vector<float> q(static_cast<size_t>(n * q_width));
+  std::vector<float> k(static_cast<size_t>(n * k_width));
+  std::vector<float> v(static_cast<size_t>(n * v_width));
+  const MatMulJob qkv[3] = {
+      {w.wq, in, n, q.data()}, {w.wk, in, n, k.data()}, {w.wv, in, n, v.data()}};
+  MatMuls(*ctx.pool, qkv);
+  if (!w.bq.empty()) AddBias(w.bq, n, q.data());
+  if (!w.bk.empty()) AddBias(w.bk, n, k.data());
+  if (!w.bv.empty()) AddBias(w.bv, n, v.data());
+
+  if (options.qk_norm == format::QkNorm::kPerHead) {
+    RmsNorm(q.data(), n * n_head, dk, w.q_norm.data(), spec.rms_eps, q.data());
+    RmsNorm(k.data(), n * n_head_kv, dk, w.k_norm.data(), spec.rms_eps, k.data());
+  } else if (options.qk_norm == format::QkNorm::kFullWidth) {
+    RmsNorm(q.data(), n, q_width, w.q_norm.data(), spec.rms_eps, q.data());
+    RmsNorm(k.data(), n, k_width, w.k_norm.data(), spec.rms_eps, k.data());
+  }
+
+  RopeParams rope = ctx.rope;
+  rope.layout = options.rope;
+  ApplyRope(rope, ctx.pos0, n, n_head, dk, q.data());
+  ApplyRope(rope, ctx.pos0, n, n_head_kv, dk, k.data());
+
+  std::copy(k.begin(), k.end(), ctx.k_cache + ctx.pos0 * k_width);
+  std::copy(v.begin(), v.end(), ctx.v_cache + ctx.pos0 * v_width);
+
+  AttentionShape shape;
+  shape.n_head = n_head;
+  shape.n_head_kv = n_head_kv;
+  shape.head_dim_k = dk;
+  shape.head_dim_v = static_cast<int>(spec.head_dim_v);
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  std::vector<float> attn(static_cast<size_t>(n * n_head * shape.head_dim_v));
+  Attention(*ctx.pool, shape, q.data(), n, ctx.pos0, ctx.k_cache, ctx.v_cache, attn.data());
+  MatMul(*ctx.pool, w.wo, attn.data(), n, out);
+}
+
+void NormInto(LayerContext& ctx, const std::vector<float>& weight, std::vector<float>* cur) {
+  RmsNorm(ctx.x, ctx.n_tokens, ctx.spec->n_embd, weight.data(), ctx.spec->rms_eps, cur->data());
+}
+
+void AddResidual(LayerContext& ctx, const std::vector<float>& out) {
+  const int64_t size = ctx.n_tokens * ctx.spec->n_embd;
+  for (int64_t i = 0; i < size; ++i) ctx.x[i] += out[i];
+}
+
+}  // namespace moert::model

@@ -1,0 +1,123 @@
+// What every architecture shares: the decoder-only transformer around the layers
+// (token embedding, KV cache, final norm, lm head, batching and argument checks) and
+// the attention and feed-forward blocks the layers are built from. An architecture
+// (model/arch_*.cc) says how to load one layer and how to run it.
+#ifndef MOERT_MODEL_DECODER_H_
+#define MOERT_MODEL_DECODER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "format/arch.h"
+#include "format/gguf.h"
+#include "format/model_spec.h"
+#include "model/layers.h"
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace moert::model {
+
+struct AttentionWeights {
+  Matrix wq, wk, wv, wo;
+  std::vector<float> bq, bk, bv;      // empty: no bias
+  std::vector<float> q_norm, k_norm;  // empty: no q/k RMSNorm
+};
+
+// The weights of one layer; an architecture fills what it uses.
+struct LayerWeights {
+  std::vector<float> attn_norm;
+  AttentionWeights attn;
+  std::vector<float> ffn_norm;
+  FfnWeights ffn;  // dense layers
+  MoeWeights moe;  // mixture-of-experts layers
+};
+
+// How an architecture's attention differs from llama's.
+struct AttentionOptions {
+  format::RopeLayout rope = format::RopeLayout::kNormal;
+  format::QkNorm qk_norm = format::QkNorm::kNone;
+  bool bias = false;  // q/k/v biases: required when true, else loaded when present
+};
+
+// One batch passing through one layer.
+struct LayerContext {
+  ThreadPool* pool = nullptr;
+  const format::ModelSpec* spec = nullptr;
+  RopeParams rope;  // the model's; the layout comes from AttentionOptions
+  int64_t n_tokens = 0;
+  int64_t pos0 = 0;                   // position of the first token
+  float* x = nullptr;                 // residual stream [n_tokens][n_embd], updated in place
+  float* k_cache = nullptr;           // this layer's keys, [capacity][n_head_kv * head_dim_k]
+  float* v_cache = nullptr;           // this layer's values, [capacity][n_head_kv * head_dim_v]
+  std::vector<float>* cur = nullptr;  // scratch [n_tokens][n_embd]
+  std::vector<float>* out = nullptr;  // scratch [n_tokens][n_embd]
+};
+
+// Blocks for the architecture files.
+absl::Status LoadAttention(WeightLoader& loader, const format::ModelSpec& spec, int layer,
+                           const AttentionOptions& options, AttentionWeights* w);
+absl::Status LoadDenseFfn(WeightLoader& loader, const format::ModelSpec& spec, int layer,
+                          FfnWeights* w);
+// Routed experts, plus the shared expert and its gate when `shared_expert`.
+absl::Status LoadMoeFfn(WeightLoader& loader, const format::ModelSpec& spec, int layer,
+                        bool shared_expert, MoeWeights* w);
+
+// out = attention(in): q/k/v projections (+ biases), q/k RMSNorm, RoPE, the new keys
+// and values appended to the cache, causal attention, output projection.
+void RunAttention(LayerContext& ctx, const AttentionWeights& w, const AttentionOptions& options,
+                  const float* in, float* out);
+
+// cur = RMSNorm(x) * weight.
+void NormInto(LayerContext& ctx, const std::vector<float>& weight, std::vector<float>* cur);
+// x += out.
+void AddResidual(LayerContext& ctx, const std::vector<float>& out);
+
+class DecoderKvCache;
+
+// The decoder-only transformer; an architecture implements LoadLayer and RunLayer.
+class DecoderModel : public Model {
+ public:
+  const format::ModelSpec& spec() const override { return spec_; }
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int n_ctx) const override;
+  absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+                       std::vector<float>* logits) override;
+
+  // Loads every tensor (called once by Model::Load).
+  absl::Status LoadWeights(const format::GgufFile& file, const ModelLoadOptions& options);
+
+ protected:
+  DecoderModel(format::ModelSpec spec, int threads);
+
+  virtual absl::Status LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) = 0;
+  // Runs ctx.n_tokens tokens through one layer, updating ctx.x.
+  virtual void RunLayer(LayerContext& ctx, const LayerWeights& w) = 0;
+
+ private:
+  // Runs one micro-batch; logits for its rows [first_logit_row, n) go to `logits`.
+  void ForwardBatch(std::span<const int32_t> tokens, int64_t pos0, DecoderKvCache* cache,
+                    int64_t first_logit_row, float* logits);
+
+  format::ModelSpec spec_;
+  ThreadPool pool_;
+  Matrix token_embd_;
+  std::vector<float> output_norm_;
+  Matrix output_;                  // empty when tied to token_embd_
+  std::vector<float> rope_freqs_;  // empty when absent
+  std::vector<LayerWeights> layers_;
+};
+
+// One factory per architecture (model/arch_*.cc).
+std::unique_ptr<DecoderModel> NewLlamaModel(format::ModelSpec spec, int threads);
+std::unique_ptr<DecoderModel> NewQwen2Model(format::ModelSpec spec, int threads);
+std::unique_ptr<DecoderModel> NewQwen2MoeModel(format::ModelSpec spec, int threads);
+std::unique_ptr<DecoderModel> NewQwen3Model(format::ModelSpec spec, int threads);
+std::unique_ptr<DecoderModel> NewQwen3MoeModel(format::ModelSpec spec, int threads);
+std::unique_ptr<DecoderModel> NewOlmoeModel(format::ModelSpec spec, int threads);
+
+}  // namespace moert::model
+
+#endif  // MOERT_MODEL_DECODER_H_

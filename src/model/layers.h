@@ -1,0 +1,169 @@
+// Building blocks of the reference forward pass: fp32 matmul over dequantized weights
+// (threaded over output rows), RMSNorm, RoPE, causal grouped-query attention over the
+// KV cache, and the SwiGLU and mixture-of-experts feed-forward networks.
+//
+// Determinism: every output value is computed by one thread, with one fixed order of
+// additions that does not depend on the thread count, on how many tokens are batched
+// together or on which tokens share an expert. Prefill and token-by-token decode
+// therefore give bit-identical results, and so do 1 and N threads.
+#ifndef MOERT_MODEL_LAYERS_H_
+#define MOERT_MODEL_LAYERS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "format/arch.h"
+
+struct pthreadpool;
+
+namespace moert::model {
+
+// The compute threads of one model (pthreadpool; the caller's thread takes part).
+class ThreadPool {
+ public:
+  // `threads` >= 1; 0 means one per core.
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Calls fn(i) for every i in [0, n), spread over the threads. Calls must write
+  // disjoint outputs; which thread runs which i is unspecified.
+  void ParallelFor(size_t n, absl::FunctionRef<void(size_t)> fn);
+
+ private:
+  pthreadpool* pool_ = nullptr;  // null: run on the caller's thread
+  int threads_ = 1;
+};
+
+// A row-major fp32 matrix that owns its values; a weight of `rows` outputs by `cols`
+// inputs. A 1-D weight (a norm, a bias) is one row.
+struct Matrix {
+  std::vector<float> data;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  bool empty() const { return data.empty(); }
+  const float* row(int64_t r) const { return data.data() + r * cols; }
+};
+
+// A borrowed row-major matrix (one expert's slice of a stacked expert tensor).
+struct MatrixView {
+  const float* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  MatrixView() = default;
+  MatrixView(const float* d, int64_t r, int64_t c) : data(d), rows(r), cols(c) {}
+  MatrixView(const Matrix& m) : data(m.data.data()), rows(m.rows), cols(m.cols) {}  // NOLINT
+};
+
+// The dot product every matmul and attention score uses: two 4-lane partial sums
+// over blocks of 8, reduced in a fixed order, then the tail.
+float Dot(const float* a, const float* b, int64_t n);
+
+// y[t][r] = dot(w row r, x[t]) for n tokens: x is [n][w.cols], y is [n][w.rows].
+void MatMul(ThreadPool& pool, MatrixView w, const float* x, int64_t n, float* y);
+
+// Several independent matmuls in one dispatch to the threads (q/k/v, all experts):
+// fewer hand-offs, which matters most when the cores are shared.
+struct MatMulJob {
+  MatrixView w;
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+};
+void MatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs);
+
+// y[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i] over each of `n_rows` rows of
+// `width` values (weight has `width` values). y may be x.
+void RmsNorm(const float* x, int64_t n_rows, int64_t width, const float* weight, float eps,
+             float* y);
+
+// y[t][i] += b[i] over n rows of b.size() values.
+void AddBias(const std::vector<float>& b, int64_t n, float* y);
+
+struct RopeParams {
+  format::RopeLayout layout = format::RopeLayout::kNormal;
+  int n_rot = 0;                        // leading dimensions of each head that rotate
+  float theta_base = 10000;             // rope.freq_base
+  float freq_scale = 1;                 // 1 / linear scaling factor
+  const float* freq_factors = nullptr;  // n_rot / 2 divisors of the frequencies, or null
+};
+
+// Rotates the heads of x ([n][n_heads * head_dim]) for positions pos0 .. pos0 + n - 1.
+// kNormal rotates adjacent pairs (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + n_rot/2]).
+// Pair i turns by pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i].
+void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int head_dim,
+               float* x);
+
+struct AttentionShape {
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim_k = 0;
+  int head_dim_v = 0;
+  float scale = 1;  // applied to q.k before the softmax
+};
+
+// Causal grouped-query attention for the n queries at positions pos0 .. pos0 + n - 1
+// (q: [n][n_head * head_dim_k]) over cached keys/values at positions 0 .. pos0 + n - 1
+// (k: rows of n_head_kv * head_dim_k, v: rows of n_head_kv * head_dim_v). Query head h
+// reads KV head h / (n_head / n_head_kv). out: [n][n_head * head_dim_v].
+void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+               int64_t pos0, const float* k_cache, const float* v_cache, float* out);
+
+// silu(x) = x / (1 + exp(-x)); sigmoid(x) = 1 / (1 + exp(-x)).
+float Silu(float x);
+float Sigmoid(float x);
+
+// A SwiGLU feed-forward network: down(silu(gate(x)) * up(x)).
+struct FfnWeights {
+  Matrix gate;  // [n_ff][n_embd]
+  Matrix up;    // [n_ff][n_embd]
+  Matrix down;  // [n_embd][n_ff]
+
+  bool empty() const { return gate.empty(); }
+};
+
+// out: [n][n_embd] for x: [n][n_embd].
+void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n, float* out);
+
+// A mixture-of-experts feed-forward network: a softmax router over all experts, the
+// top n_used, their weights renormalised to sum to 1 or not, and the weighted sum of
+// the chosen experts' SwiGLU outputs; plus, for qwen2moe, a shared expert scaled by
+// sigmoid(shared_gate . x).
+struct MoeWeights {
+  int n_expert = 0;
+  int n_used = 0;
+  int n_ff = 0;  // each expert's width
+  bool renormalize = false;
+  Matrix router;       // [n_expert][n_embd]
+  Matrix gate_exps;    // [n_expert * n_ff][n_embd], expert-major
+  Matrix up_exps;      // [n_expert * n_ff][n_embd]
+  Matrix down_exps;    // [n_expert * n_embd][n_ff]
+  FfnWeights shared;   // empty: no shared expert
+  Matrix shared_gate;  // [1][n_embd], with `shared`
+
+  MatrixView Gate(int e) const;
+  MatrixView Up(int e) const;
+  MatrixView Down(int e) const;
+};
+
+// Routing of one token: softmax over `router_logits`, the n_used most probable
+// experts (ties: the lower index first) in descending order of probability, and
+// their weights (the probabilities, divided by their sum when `renormalize`).
+void RouteToken(const float* router_logits, int n_expert, int n_used, bool renormalize,
+                int* experts, float* weights);
+
+// out: [n][n_embd] for x: [n][n_embd]. Tokens are grouped by expert, one matmul per
+// expert over its group; each token's expert outputs are summed in routing order.
+void MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n, float* out);
+
+}  // namespace moert::model
+
+#endif  // MOERT_MODEL_LAYERS_H_

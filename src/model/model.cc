@@ -1,0 +1,59 @@
+// Model::Load: reads the spec, picks the architecture's implementation and loads
+// its weights.
+#include "model/model.h"
+
+#include <new>
+#include <utility>
+
+#include "core/status.h"
+#include "core/strings.h"
+#include "model/decoder.h"
+
+namespace moert::model {
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const format::GgufFile& file,
+                                                   const ModelLoadOptions& options) {
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("thread count ", options.threads, " is negative (0 means one per core)"));
+  }
+  MOERT_ASSIGN_OR_RETURN(format::ModelSpec spec, format::ReadModelSpec(file));
+  if (spec.rope_scaling == format::RopeScaling::kYarn && spec.rope_scaling_factor != 1.0f) {
+    return absl::UnimplementedError(StrCat(file.name(), ": YaRN RoPE scaling (factor ",
+                                           spec.rope_scaling_factor,
+                                           ") is not implemented by the reference model"));
+  }
+  std::unique_ptr<DecoderModel> model;
+  switch (spec.arch->arch) {
+    case format::Arch::kLlama:
+      model = NewLlamaModel(std::move(spec), options.threads);
+      break;
+    case format::Arch::kQwen2:
+      model = NewQwen2Model(std::move(spec), options.threads);
+      break;
+    case format::Arch::kQwen2Moe:
+      model = NewQwen2MoeModel(std::move(spec), options.threads);
+      break;
+    case format::Arch::kQwen3:
+      model = NewQwen3Model(std::move(spec), options.threads);
+      break;
+    case format::Arch::kQwen3Moe:
+      model = NewQwen3MoeModel(std::move(spec), options.threads);
+      break;
+    case format::Arch::kOlmoe:
+      model = NewOlmoeModel(std::move(spec), options.threads);
+      break;
+  }
+  if (model == nullptr) {
+    return absl::UnimplementedError(StrCat(file.name(), ": no model for this architecture"));
+  }
+  try {
+    MOERT_RETURN_IF_ERROR(model->LoadWeights(file, options));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        StrCat(file.name(), ": out of memory while loading the weights as fp32"));
+  }
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace moert::model

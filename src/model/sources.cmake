@@ -1,0 +1,20 @@
+# Sources of src/model (paths relative to src/).
+list(APPEND MOERT_SOURCES
+  model/model.cc
+  model/layers.cc
+  model/weights.cc
+  model/decoder.cc
+  model/arch_llama.cc
+  model/arch_qwen2.cc
+  model/arch_qwen2moe.cc
+  model/arch_qwen3.cc
+  model/arch_qwen3moe.cc
+  model/arch_olmoe.cc
+  model/perplexity.cc
+  model/sampler.cc
+  model/chat_template.cc
+  model/stop.cc
+)
+# The reference math keeps every multiply and add separate (no FMA contraction), so
+# its results are the same on x86-64 and AArch64.
+set_source_files_properties(model/layers.cc PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

@@ -1,0 +1,366 @@
+// The C API (include/moert/moert.h) over moert::MoERuntime and moert::Session.
+// Every entry point catches everything: no exception crosses into C.
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "moert/moert.h"
+#include "moert/runtime.h"
+
+struct moert_runtime {
+  std::unique_ptr<moert::MoERuntime> runtime;
+  std::string last_error;
+};
+
+struct moert_session {
+  std::unique_ptr<moert::Session> session;
+  std::string last_error;
+  std::atomic<bool> cancel{false};
+};
+
+namespace {
+
+using moert::StatusCode;
+
+static_assert(MOERT_OK == static_cast<int>(StatusCode::kOk));
+static_assert(MOERT_INVALID_ARGUMENT == static_cast<int>(StatusCode::kInvalidArgument));
+static_assert(MOERT_NOT_FOUND == static_cast<int>(StatusCode::kNotFound));
+static_assert(MOERT_OUT_OF_RANGE == static_cast<int>(StatusCode::kOutOfRange));
+static_assert(MOERT_UNIMPLEMENTED == static_cast<int>(StatusCode::kUnimplemented));
+static_assert(MOERT_CANCELLED == static_cast<int>(StatusCode::kCancelled));
+static_assert(MOERT_INTERNAL == static_cast<int>(StatusCode::kInternal));
+static_assert(MOERT_FAILED_PRECONDITION == static_cast<int>(StatusCode::kFailedPrecondition));
+static_assert(MOERT_DATA_LOSS == static_cast<int>(StatusCode::kDataLoss));
+static_assert(MOERT_RESOURCE_EXHAUSTED == static_cast<int>(StatusCode::kResourceExhausted));
+static_assert(MOERT_PERMISSION_DENIED == static_cast<int>(StatusCode::kPermissionDenied));
+
+// The error of calls made without a handle (moert_runtime_create, a NULL handle).
+thread_local std::string g_last_error;
+
+// Records `message` in `error_slot`, or in g_last_error when there is no handle.
+moert_status Fail(std::string* error_slot, moert_status status, std::string message) {
+  (error_slot != nullptr ? *error_slot : g_last_error) = std::move(message);
+  return status;
+}
+
+moert_status Report(std::string* error_slot, const moert::Status& status) {
+  if (status.ok()) {
+    (error_slot != nullptr ? *error_slot : g_last_error).clear();
+    return MOERT_OK;
+  }
+  return Fail(error_slot, static_cast<moert_status>(status.code()), status.message());
+}
+
+// Runs `body` (returning moert_status), turning any exception into an error.
+template <typename Body>
+moert_status Guard(std::string* error_slot, const char* function, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    try {
+      return Fail(error_slot, MOERT_RESOURCE_EXHAUSTED, std::string(function) + ": out of memory");
+    } catch (...) {
+      return MOERT_RESOURCE_EXHAUSTED;
+    }
+  } catch (const std::exception& e) {
+    try {
+      return Fail(error_slot, MOERT_INTERNAL,
+                  std::string(function) + ": unexpected exception: " + e.what());
+    } catch (...) {
+      return MOERT_INTERNAL;
+    }
+  } catch (...) {
+    try {
+      return Fail(error_slot, MOERT_INTERNAL, std::string(function) + ": unexpected exception");
+    } catch (...) {
+      return MOERT_INTERNAL;
+    }
+  }
+}
+
+moert_status NullArgument(std::string* error_slot, const char* function, const char* argument) {
+  return Fail(error_slot, MOERT_INVALID_ARGUMENT,
+              std::string(function) + ": " + argument + " is NULL");
+}
+
+moert_finish_reason FromFinish(moert::FinishReason reason) {
+  switch (reason) {
+    case moert::FinishReason::kNone:
+      return MOERT_FINISH_NONE;
+    case moert::FinishReason::kEndOfGeneration:
+      return MOERT_FINISH_END_OF_GENERATION;
+    case moert::FinishReason::kStopString:
+      return MOERT_FINISH_STOP_STRING;
+    case moert::FinishReason::kMaxTokens:
+      return MOERT_FINISH_MAX_TOKENS;
+    case moert::FinishReason::kCancelled:
+      return MOERT_FINISH_CANCELLED;
+    case moert::FinishReason::kContextFull:
+      return MOERT_FINISH_CONTEXT_FULL;
+  }
+  return MOERT_FINISH_NONE;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* moert_status_string(moert_status status) {
+  switch (status) {
+    case MOERT_OK:
+      return "MOERT_OK";
+    case MOERT_INVALID_ARGUMENT:
+      return "MOERT_INVALID_ARGUMENT";
+    case MOERT_NOT_FOUND:
+      return "MOERT_NOT_FOUND";
+    case MOERT_OUT_OF_RANGE:
+      return "MOERT_OUT_OF_RANGE";
+    case MOERT_UNIMPLEMENTED:
+      return "MOERT_UNIMPLEMENTED";
+    case MOERT_CANCELLED:
+      return "MOERT_CANCELLED";
+    case MOERT_INTERNAL:
+      return "MOERT_INTERNAL";
+    case MOERT_FAILED_PRECONDITION:
+      return "MOERT_FAILED_PRECONDITION";
+    case MOERT_DATA_LOSS:
+      return "MOERT_DATA_LOSS";
+    case MOERT_RESOURCE_EXHAUSTED:
+      return "MOERT_RESOURCE_EXHAUSTED";
+    case MOERT_PERMISSION_DENIED:
+      return "MOERT_PERMISSION_DENIED";
+  }
+  return "MOERT_UNKNOWN_STATUS";
+}
+
+void moert_runtime_options_default(moert_runtime_options* options) {
+  if (options == nullptr) return;
+  const moert::RuntimeOptions defaults;
+  options->threads = defaults.threads;
+  options->context_length = defaults.context_length;
+}
+
+void moert_generate_params_default(moert_generate_params* params) {
+  if (params == nullptr) return;
+  const moert::GenerateRequest defaults;
+  params->prompt = nullptr;
+  params->messages = nullptr;
+  params->n_messages = 0;
+  params->max_tokens = defaults.max_tokens;
+  params->sampler.temperature = defaults.temperature;
+  params->sampler.top_k = defaults.top_k;
+  params->sampler.top_p = defaults.top_p;
+  params->sampler.min_p = defaults.min_p;
+  params->sampler.repeat_penalty = defaults.repeat_penalty;
+  params->sampler.repeat_last_n = defaults.repeat_last_n;
+  params->sampler.seed = defaults.seed;
+  params->stop = nullptr;
+  params->n_stop = 0;
+  params->chat_template = nullptr;
+  params->context_policy = MOERT_CONTEXT_ERROR;
+}
+
+moert_status moert_runtime_create(const moert_runtime_options* options, moert_runtime** runtime) {
+  return Guard(&g_last_error, "moert_runtime_create", [&]() -> moert_status {
+    if (runtime == nullptr) return NullArgument(&g_last_error, "moert_runtime_create", "runtime");
+    *runtime = nullptr;
+    moert::RuntimeOptions cpp_options;
+    if (options != nullptr) {
+      cpp_options.threads = options->threads;
+      cpp_options.context_length = options->context_length;
+    }
+    auto handle = std::make_unique<moert_runtime>();
+    const moert::Status status = moert::MoERuntime::Create(cpp_options, &handle->runtime);
+    if (!status.ok()) return Report(&g_last_error, status);
+    g_last_error.clear();
+    *runtime = handle.release();
+    return MOERT_OK;
+  });
+}
+
+void moert_runtime_destroy(moert_runtime* runtime) {
+  try {
+    delete runtime;
+  } catch (...) {
+    // A destructor that throws would terminate anyway; nothing to report to.
+  }
+}
+
+const char* moert_last_error(const moert_runtime* runtime) {
+  return runtime != nullptr ? runtime->last_error.c_str() : g_last_error.c_str();
+}
+
+moert_status moert_runtime_load_model(moert_runtime* runtime, const char* path,
+                                      moert_progress_callback progress, void* user_data) {
+  constexpr char kName[] = "moert_runtime_load_model";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    if (path == nullptr) return NullArgument(&runtime->last_error, kName, "path");
+    moert::ProgressCallback callback;
+    if (progress != nullptr) {
+      callback = [progress, user_data](float fraction) { progress(fraction, user_data); };
+    }
+    return Report(&runtime->last_error, runtime->runtime->LoadModel(path, callback));
+  });
+}
+
+moert_status moert_runtime_context_length(const moert_runtime* runtime, int32_t* context_length) {
+  constexpr char kName[] = "moert_runtime_context_length";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  if (context_length == nullptr) return NullArgument(nullptr, kName, "context_length");
+  try {
+    if (!runtime->runtime->model_loaded()) return MOERT_FAILED_PRECONDITION;
+    *context_length = runtime->runtime->model_info().context_length;
+    return MOERT_OK;
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
+moert_status moert_session_create(moert_runtime* runtime, moert_session** session) {
+  constexpr char kName[] = "moert_session_create";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    if (session == nullptr) return NullArgument(&runtime->last_error, kName, "session");
+    *session = nullptr;
+    auto handle = std::make_unique<moert_session>();
+    const moert::Status status = runtime->runtime->CreateSession(&handle->session);
+    if (!status.ok()) return Report(&runtime->last_error, status);
+    runtime->last_error.clear();
+    *session = handle.release();
+    return MOERT_OK;
+  });
+}
+
+void moert_session_destroy(moert_session* session) {
+  try {
+    delete session;
+  } catch (...) {
+    // As moert_runtime_destroy.
+  }
+}
+
+const char* moert_session_last_error(const moert_session* session) {
+  return session != nullptr ? session->last_error.c_str() : "";
+}
+
+moert_status moert_session_add_message(moert_session* session, const char* role,
+                                       const char* content) {
+  constexpr char kName[] = "moert_session_add_message";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    if (role == nullptr) return NullArgument(&session->last_error, kName, "role");
+    if (content == nullptr) return NullArgument(&session->last_error, kName, "content");
+    return Report(&session->last_error, session->session->AddMessage(role, content));
+  });
+}
+
+moert_status moert_session_generate(moert_session* session, const moert_generate_params* params,
+                                    moert_token_callback callback, void* user_data) {
+  constexpr char kName[] = "moert_session_generate";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    std::string* error = &session->last_error;
+    if (params == nullptr) return NullArgument(error, kName, "params");
+    moert::GenerateRequest request;
+    if (params->prompt != nullptr) request.prompt = params->prompt;
+    if (params->n_messages > 0) {
+      if (params->messages == nullptr) return NullArgument(error, kName, "params->messages");
+      for (size_t i = 0; i < params->n_messages; ++i) {
+        const moert_message& m = params->messages[i];
+        if (m.role == nullptr || m.content == nullptr) {
+          return Fail(error, MOERT_INVALID_ARGUMENT,
+                      std::string(kName) + ": params->messages[" + std::to_string(i) +
+                          "] has a NULL role or content");
+        }
+        request.messages.push_back({m.role, m.content});
+      }
+    }
+    if (params->n_stop > 0) {
+      if (params->stop == nullptr) return NullArgument(error, kName, "params->stop");
+      for (size_t i = 0; i < params->n_stop; ++i) {
+        if (params->stop[i] == nullptr) {
+          return Fail(error, MOERT_INVALID_ARGUMENT,
+                      std::string(kName) + ": params->stop[" + std::to_string(i) + "] is NULL");
+        }
+        request.stop.emplace_back(params->stop[i]);
+      }
+    }
+    if (params->context_policy != MOERT_CONTEXT_ERROR &&
+        params->context_policy != MOERT_CONTEXT_SLIDE) {
+      return Fail(error, MOERT_INVALID_ARGUMENT,
+                  std::string(kName) + ": unknown context_policy " +
+                      std::to_string(static_cast<int>(params->context_policy)));
+    }
+    request.max_tokens = params->max_tokens;
+    request.temperature = params->sampler.temperature;
+    request.top_k = params->sampler.top_k;
+    request.top_p = params->sampler.top_p;
+    request.min_p = params->sampler.min_p;
+    request.repeat_penalty = params->sampler.repeat_penalty;
+    request.repeat_last_n = params->sampler.repeat_last_n;
+    request.seed = params->sampler.seed;
+    if (params->chat_template != nullptr) request.chat_template = params->chat_template;
+    request.context_policy = params->context_policy == MOERT_CONTEXT_SLIDE
+                                 ? moert::ContextPolicy::kSlide
+                                 : moert::ContextPolicy::kError;
+    session->cancel.store(false);
+    request.cancel = &session->cancel;
+
+    moert::TokenCallback on_token;
+    if (callback != nullptr) {
+      on_token = [callback, user_data](std::string_view piece, int32_t token) {
+        const std::string text(piece);  // NUL-terminated
+        return callback(text.c_str(), token, user_data) == 0;
+      };
+    }
+    return Report(error, session->session->Generate(request, on_token));
+  });
+}
+
+moert_status moert_session_cancel(moert_session* session) {
+  if (session == nullptr) return NullArgument(nullptr, "moert_session_cancel", "session");
+  session->cancel.store(true);
+  return MOERT_OK;
+}
+
+moert_status moert_session_reset(moert_session* session) {
+  constexpr char kName[] = "moert_session_reset";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    session->session->Reset();
+    session->last_error.clear();
+    return MOERT_OK;
+  });
+}
+
+moert_status moert_session_stats(const moert_session* session, moert_stats* stats) {
+  constexpr char kName[] = "moert_session_stats";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  if (stats == nullptr) return NullArgument(nullptr, kName, "stats");
+  try {
+    const moert::GenerationStats s = session->session->Stats();
+    stats->prompt_tokens = s.prompt_tokens;
+    stats->cached_tokens = s.cached_tokens;
+    stats->prefill_tokens = s.prefill_tokens;
+    stats->generated_tokens = s.generated_tokens;
+    stats->context_slides = s.context_slides;
+    stats->prefill_ms = s.prefill_ms;
+    stats->decode_ms = s.decode_ms;
+    stats->time_to_first_token_ms = s.time_to_first_token_ms;
+    stats->prefill_tokens_per_second = s.prefill_tokens_per_second;
+    stats->decode_tokens_per_second = s.decode_tokens_per_second;
+    stats->peak_rss_bytes = s.peak_rss_bytes;
+    stats->finish_reason = FromFinish(s.finish_reason);
+    return MOERT_OK;
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
+}  // extern "C"

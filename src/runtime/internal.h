@@ -1,0 +1,105 @@
+// What the runtime's files share: a loaded model with its tokenizer and chat
+// template, the Session implementation, and the bridge from absl::Status to the
+// public moert::Status.
+#ifndef MOERT_RUNTIME_INTERNAL_H_
+#define MOERT_RUNTIME_INTERNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/chat_template.h"
+#include "model/model.h"
+#include "moert/runtime.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moert::runtime {
+
+// The public Status for an absl::Status (codes the API has no name for become
+// kInternal, keeping the message).
+Status FromAbsl(const absl::Status& status);
+
+// A model ready to generate with. Shared by the runtime and its sessions, so a
+// session outlives a reload or the runtime itself.
+struct LoadedModel {
+  LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t)
+      : model(std::move(m)), tokenizer(std::move(t)) {}
+
+  std::unique_ptr<model::Model> model;
+  tokenizer::Tokenizer tokenizer;
+  model::ChatTemplateKind chat_template = model::ChatTemplateKind::kPlain;
+  int context_length = 0;
+  ModelInfo info;
+  // Model::Forward keeps scratch state: sessions on different threads take turns.
+  std::mutex forward_mutex;
+};
+
+// "chatml", "llama2", "llama3", "plain".
+const char* ChatTemplateName(model::ChatTemplateKind kind);
+
+// The process's peak resident set size in bytes (getrusage), 0 where unknown.
+int64_t PeakRssBytes();
+
+}  // namespace moert::runtime
+
+// Session is exported from the shared library, and a nested class would be too:
+// keep the implementation's symbols out of the library's interface.
+#if defined(__GNUC__) && !defined(_WIN32)
+#define MOERT_RUNTIME_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define MOERT_RUNTIME_HIDDEN
+#endif
+
+namespace moert {
+
+class MOERT_RUNTIME_HIDDEN Session::Impl {
+ public:
+  // `stateless`: every Generate starts a fresh conversation (the runtime's one-shot
+  // Generate); the KV cache is still reused for a shared prefix.
+  Impl(std::shared_ptr<runtime::LoadedModel> model, std::unique_ptr<model::KvCache> cache,
+       bool stateless)
+      : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {}
+
+  Status AddMessage(std::string role, std::string content);
+  Status Generate(const GenerateRequest& request, const TokenCallback& on_token,
+                  GenerateResult* result);
+  void Reset();
+
+  const std::vector<Message>& history() const { return history_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int context_length() const { return cache_->capacity(); }
+  const GenerationStats& stats() const { return stats_; }
+
+ private:
+  struct Prompt;  // the context a request asks for (session.cc)
+
+  absl::Status BuildPrompt(const GenerateRequest& request, Prompt* prompt) const;
+  absl::Status FitPrompt(const GenerateRequest& request, Prompt* prompt) const;
+  // How many of `target`'s first tokens the cache holds and Prefill keeps (never all:
+  // the last token is evaluated for its logits).
+  size_t CachedPrefix(const std::vector<int32_t>& target) const;
+  // Brings the KV cache to `target` (reusing the common prefix), leaving the last
+  // token's logits in logits_.
+  absl::Status Prefill(const std::vector<int32_t>& target);
+  // Drops the oldest half of the context (keeping BOS) and re-prefills the rest.
+  absl::Status Slide();
+  absl::Status Forward(std::span<const int32_t> tokens);
+  absl::Status RunGeneration(const GenerateRequest& request, const TokenCallback& on_token,
+                             GenerateResult* result);
+
+  std::shared_ptr<runtime::LoadedModel> model_;
+  std::unique_ptr<model::KvCache> cache_;
+  const bool stateless_;
+  std::vector<Message> history_;
+  // The conversation's tokens; the first cache_->size() of them are in the cache.
+  std::vector<int32_t> tokens_;
+  std::vector<float> logits_;
+  GenerationStats stats_;
+};
+
+}  // namespace moert
+
+#endif  // MOERT_RUNTIME_INTERNAL_H_

@@ -1,0 +1,229 @@
+// MoERuntime: options, model loading (GGUF -> model, tokenizer, chat template) and
+// sessions on the loaded model.
+#include "moert/runtime.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "core/status.h"
+#include "core/strings.h"
+#include "format/gguf.h"
+#include "format/model_spec.h"
+#include "model/chat_template.h"
+#include "model/model.h"
+#include "runtime/internal.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moert {
+namespace runtime {
+
+const char* ChatTemplateName(model::ChatTemplateKind kind) {
+  switch (kind) {
+    case model::ChatTemplateKind::kChatMl:
+      return "chatml";
+    case model::ChatTemplateKind::kLlama2:
+      return "llama2";
+    case model::ChatTemplateKind::kLlama3:
+      return "llama3";
+    case model::ChatTemplateKind::kPlain:
+      return "plain";
+  }
+  return "plain";
+}
+
+int64_t PeakRssBytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux and Android: KiB
+}
+
+namespace {
+
+// Every load error names the file: messages from below that do not are prefixed.
+absl::Status WithPath(const absl::Status& status, const std::string& path) {
+  if (status.ok()) return status;
+  const std::string message(status.message());
+  if (message.find(path) != std::string::npos) return status;
+  return absl::Status(status.code(), StrCat(path, ": ", message));
+}
+
+// Reports progress rising monotonically, keeping 1 for the very end of the load.
+class ProgressReporter {
+ public:
+  explicit ProgressReporter(const ProgressCallback& callback) : callback_(callback) {}
+
+  void Report(float fraction) {
+    if (!callback_) return;
+    if (!(fraction >= last_)) return;  // also drops NaN
+    last_ = std::min(fraction, kBeforeDone);
+    callback_(last_);
+  }
+  void Done() {
+    if (callback_) callback_(1.0f);
+  }
+
+ private:
+  static constexpr float kBeforeDone = 0.999f;
+  const ProgressCallback& callback_;
+  float last_ = 0.0f;
+};
+
+absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
+                                                  const RuntimeOptions& options,
+                                                  const ProgressCallback& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  ProgressReporter reporter(progress);
+  reporter.Report(0.0f);
+
+  auto file = format::GgufFile::Open(path);
+  if (!file.ok()) return WithPath(file.status(), path);
+  const format::GgufFile& gguf = **file;
+  if (gguf.tensors().empty()) {
+    return absl::InvalidArgumentError(
+        StrCat(path, " is not an LLM: it has no tensors (only metadata, such as a vocabulary)"));
+  }
+  // The hyperparameters and tensor shapes first: an unsupported architecture or a
+  // broken model is named before anything is read at length.
+  const absl::Status spec_status = format::ReadModelSpec(gguf).status();
+  if (!spec_status.ok()) return WithPath(spec_status, path);
+  auto tokenizer = tokenizer::Tokenizer::FromGguf(gguf);
+  if (!tokenizer.ok()) return WithPath(tokenizer.status(), path);
+
+  model::ModelLoadOptions load_options;
+  load_options.threads = options.threads;
+  load_options.progress = [&reporter](float fraction) { reporter.Report(fraction); };
+  auto model = model::Model::Load(gguf, load_options);
+  if (!model.ok()) return WithPath(model.status(), path);
+  const format::ModelSpec& spec = (*model)->spec();
+  if (static_cast<uint32_t>(tokenizer->vocab().size()) > spec.n_vocab) {
+    return absl::InvalidArgumentError(
+        StrCat(path, ": the vocabulary has ", tokenizer->vocab().size(),
+               " tokens but the model's output has only ", spec.n_vocab));
+  }
+
+  auto loaded = std::make_shared<LoadedModel>(std::move(*model), std::move(*tokenizer));
+  // A template of no known family falls back to plain rather than failing the load.
+  loaded->chat_template = model::ChatTemplateKind::kPlain;
+  if (gguf.FindKey("tokenizer.chat_template") != nullptr) {
+    auto text = gguf.GetString("tokenizer.chat_template");
+    if (text.ok()) {
+      auto kind = model::DetectChatTemplate(*text, /*allow_plain_fallback=*/true);
+      if (kind.ok()) loaded->chat_template = *kind;
+    }
+  }
+  loaded->context_length =
+      options.context_length > 0 ? options.context_length : static_cast<int>(spec.n_ctx_train);
+
+  ModelInfo& info = loaded->info;
+  info.path = path;
+  info.architecture = spec.arch != nullptr ? std::string(spec.arch->name) : std::string();
+  info.name = spec.name;
+  info.vocab_size = static_cast<int>(spec.n_vocab);
+  info.training_context_length = static_cast<int>(spec.n_ctx_train);
+  info.context_length = loaded->context_length;
+  info.chat_template = ChatTemplateName(loaded->chat_template);
+  info.load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  reporter.Done();
+  return loaded;
+}
+
+}  // namespace
+}  // namespace runtime
+
+struct MOERT_RUNTIME_HIDDEN MoERuntime::Impl {
+  RuntimeOptions options;
+  std::shared_ptr<runtime::LoadedModel> model;
+  // The runtime's own session for one-shot Generate, made on first use.
+  std::unique_ptr<Session> one_shot;
+};
+
+MoERuntime::MoERuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MoERuntime::~MoERuntime() = default;
+
+Status MoERuntime::Create(const RuntimeOptions& options, std::unique_ptr<MoERuntime>* runtime) {
+  if (runtime == nullptr) {
+    return Status(StatusCode::kInvalidArgument, "MoERuntime::Create: runtime is null");
+  }
+  if (options.threads < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("threads must be >= 0 (0: one per CPU), got ", options.threads));
+  }
+  if (options.context_length < 0) {
+    return Status(
+        StatusCode::kInvalidArgument,
+        StrCat("context_length must be >= 0 (0: the model's), got ", options.context_length));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (impl->options.threads == 0) {
+    impl->options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  runtime->reset(new MoERuntime(std::move(impl)));
+  return Status();
+}
+
+Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& progress) {
+  auto loaded = runtime::Load(path, impl_->options, progress);
+  if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
+  impl_->model = std::move(*loaded);
+  impl_->one_shot.reset();
+  return Status();
+}
+
+bool MoERuntime::model_loaded() const { return impl_->model != nullptr; }
+
+ModelInfo MoERuntime::model_info() const {
+  return impl_->model != nullptr ? impl_->model->info : ModelInfo();
+}
+
+const RuntimeOptions& MoERuntime::options() const { return impl_->options; }
+
+namespace {
+
+Status NewSession(const std::shared_ptr<runtime::LoadedModel>& model, bool stateless,
+                  std::unique_ptr<Session::Impl>* impl) {
+  if (model == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "no model is loaded: call LoadModel first");
+  }
+  auto cache = model->model->NewKvCache(model->context_length);
+  if (!cache.ok()) return runtime::FromAbsl(cache.status());
+  *impl = std::make_unique<Session::Impl>(model, std::move(*cache), stateless);
+  return Status();
+}
+
+}  // namespace
+
+Status MoERuntime::CreateSession(std::unique_ptr<Session>* session) {
+  if (session == nullptr) {
+    return Status(StatusCode::kInvalidArgument, "CreateSession: session is null");
+  }
+  std::unique_ptr<Session::Impl> impl;
+  Status status = NewSession(impl_->model, /*stateless=*/false, &impl);
+  if (!status.ok()) return status;
+  session->reset(new Session(std::move(impl)));
+  return Status();
+}
+
+Status MoERuntime::Generate(const GenerateRequest& request, const TokenCallback& on_token,
+                            GenerateResult* result) {
+  if (impl_->one_shot == nullptr) {
+    std::unique_ptr<Session::Impl> impl;
+    Status status = NewSession(impl_->model, /*stateless=*/true, &impl);
+    if (!status.ok()) return status;
+    impl_->one_shot.reset(new Session(std::move(impl)));
+  }
+  return impl_->one_shot->Generate(request, on_token, result);
+}
+
+GenerationStats MoERuntime::Stats() const {
+  return impl_->one_shot != nullptr ? impl_->one_shot->Stats() : GenerationStats();
+}
+
+}  // namespace moert

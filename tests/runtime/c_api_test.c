@@ -1,0 +1,265 @@
+/* The C API end to end, compiled as C and linked against the shared library only,
+ * so it proves the exported symbols suffice: options, create, load with progress,
+ * a session, greedy generation of llama.cpp's reference continuation (checked id by
+ * id in the callback), cancel through the callback, error paths (NULL arguments, a
+ * bad file, bad requests) with their status codes and messages, stats, destroy.
+ * Usage: c_api_test SHARED_DIR (the folder with models/ and vocab/). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moert/moert.h"
+
+static int g_failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failures;                                                            \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_STATUS(expr, expected)                                                 \
+  do {                                                                               \
+    moert_status check_status_ = (expr);                                             \
+    if (check_status_ != (expected)) {                                               \
+      fprintf(stderr, "%s:%d: %s gave %s, expected %s\n", __FILE__, __LINE__, #expr, \
+              moert_status_string(check_status_), moert_status_string(expected));    \
+      ++g_failures;                                                                  \
+    }                                                                                \
+  } while (0)
+
+/* REFERENCE.md: greedy 32-token continuation of "ROMEO:". */
+static const int32_t kGreedyIds[32] = {13,  2010, 270,  1999, 275,  2014, 277,  309, 261,  271, 584,
+                                       260, 1992, 1999, 302,  1999, 13,   2012, 260, 1992, 275, 369,
+                                       822, 261,  292,  393,  2014, 1995, 1999, 13,  2010, 270};
+static const char kGreedyText[] =
+    "\nAnd, I'll be a breathen, and,\nThen I have been a pain'd,\nAnd";
+
+typedef struct {
+  int calls;
+  float first;
+  float last;
+  int monotonic;
+} progress_state;
+
+static void on_progress(float progress, void* user_data) {
+  progress_state* state = (progress_state*)user_data;
+  if (state->calls == 0) state->first = progress;
+  if (state->calls > 0 && progress < state->last) state->monotonic = 0;
+  state->last = progress;
+  ++state->calls;
+}
+
+typedef struct {
+  int32_t ids[64];
+  int n_ids;
+  int mismatches;
+  char text[1024];
+  size_t text_len;
+  int cancel_after; /* 0: never */
+} token_state;
+
+static int on_token(const char* piece, int32_t token, void* user_data) {
+  token_state* state = (token_state*)user_data;
+  size_t len = strlen(piece);
+  if (state->text_len + len < sizeof(state->text)) {
+    memcpy(state->text + state->text_len, piece, len + 1);
+    state->text_len += len;
+  }
+  if (token >= 0) {
+    if (state->n_ids < 32 && kGreedyIds[state->n_ids] != token) ++state->mismatches;
+    if (state->n_ids < 64) state->ids[state->n_ids] = token;
+    ++state->n_ids;
+    if (state->cancel_after > 0 && state->n_ids >= state->cancel_after) return 1;
+  }
+  return 0;
+}
+
+static void reset_tokens(token_state* state, int cancel_after) {
+  memset(state, 0, sizeof(*state));
+  state->cancel_after = cancel_after;
+}
+
+int main(int argc, char** argv) {
+  char model_path[4096];
+  char vocab_path[4096];
+  char missing_path[4096];
+  moert_runtime_options options;
+  moert_runtime* runtime = NULL;
+  moert_session* session = NULL;
+  moert_generate_params params;
+  moert_stats stats;
+  progress_state progress;
+  token_state tokens;
+  int32_t context_length = 0;
+
+  if (argc != 2) {
+    fprintf(stderr, "usage: c_api_test SHARED_DIR\n");
+    return 2;
+  }
+  snprintf(model_path, sizeof(model_path), "%s/models/tiny-moe-shakespeare-f32.gguf", argv[1]);
+  snprintf(vocab_path, sizeof(vocab_path), "%s/vocab/ggml-vocab-gpt-2.gguf", argv[1]);
+  snprintf(missing_path, sizeof(missing_path), "%s/models/no-such-model.gguf", argv[1]);
+
+  CHECK(moert_version() != NULL && strcmp(moert_version(), MOERT_VERSION_STRING) == 0);
+  CHECK(strcmp(moert_status_string(MOERT_OK), "MOERT_OK") == 0);
+  CHECK(strcmp(moert_status_string(MOERT_OUT_OF_RANGE), "MOERT_OUT_OF_RANGE") == 0);
+  CHECK(strcmp(moert_status_string((moert_status)999), "MOERT_UNKNOWN_STATUS") == 0);
+
+  /* Options and create, NULL out-parameter first. */
+  moert_runtime_options_default(&options);
+  CHECK(options.threads == 0 && options.context_length == 0);
+  CHECK_STATUS(moert_runtime_create(&options, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(NULL), "runtime") != NULL);
+  options.threads = -1;
+  CHECK_STATUS(moert_runtime_create(&options, &runtime), MOERT_INVALID_ARGUMENT);
+  CHECK(runtime == NULL);
+  CHECK(strstr(moert_last_error(NULL), "threads") != NULL);
+  options.threads = 1; /* test machines are often busy; results do not depend on it */
+  CHECK_STATUS(moert_runtime_create(&options, &runtime), MOERT_OK);
+  CHECK(runtime != NULL);
+  if (runtime == NULL) return 1;
+  CHECK(strcmp(moert_last_error(runtime), "") == 0);
+
+  /* Before a model is loaded. */
+  CHECK_STATUS(moert_session_create(runtime, &session), MOERT_FAILED_PRECONDITION);
+  CHECK(session == NULL);
+  CHECK(strstr(moert_last_error(runtime), "LoadModel") != NULL);
+  CHECK_STATUS(moert_runtime_context_length(runtime, &context_length), MOERT_FAILED_PRECONDITION);
+
+  /* Load errors: the status and a message naming the file. */
+  CHECK_STATUS(moert_runtime_load_model(NULL, model_path, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_load_model(runtime, NULL, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "path") != NULL);
+  CHECK_STATUS(moert_runtime_load_model(runtime, missing_path, NULL, NULL), MOERT_NOT_FOUND);
+  CHECK(strstr(moert_last_error(runtime), missing_path) != NULL);
+  CHECK_STATUS(moert_runtime_load_model(runtime, vocab_path, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "is not an LLM") != NULL);
+
+  /* Load with progress. */
+  memset(&progress, 0, sizeof(progress));
+  progress.monotonic = 1;
+  CHECK_STATUS(moert_runtime_load_model(runtime, model_path, on_progress, &progress), MOERT_OK);
+  CHECK(strcmp(moert_last_error(runtime), "") == 0);
+  CHECK(progress.calls >= 2);
+  CHECK(progress.first >= 0.0f && progress.first < 1.0f);
+  CHECK(progress.last == 1.0f);
+  CHECK(progress.monotonic);
+  CHECK_STATUS(moert_runtime_context_length(runtime, &context_length), MOERT_OK);
+  CHECK(context_length == 256);
+
+  CHECK_STATUS(moert_session_create(runtime, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_create(runtime, &session), MOERT_OK);
+  CHECK(session != NULL);
+  if (session == NULL) return 1;
+
+  /* Greedy generation of the reference continuation. */
+  moert_generate_params_default(&params);
+  CHECK(params.max_tokens < 0 && params.sampler.top_k == 40 && params.prompt == NULL);
+  params.prompt = "ROMEO:";
+  params.max_tokens = 32;
+  params.sampler.temperature = 0.0f;
+  reset_tokens(&tokens, 0);
+  CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+  CHECK(tokens.n_ids == 32);
+  CHECK(tokens.mismatches == 0);
+  CHECK(strcmp(tokens.text, kGreedyText) == 0);
+
+  /* Stats of that generation. */
+  CHECK_STATUS(moert_session_stats(session, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_stats(session, &stats), MOERT_OK);
+  CHECK(stats.prompt_tokens == 3);
+  CHECK(stats.cached_tokens == 0);
+  CHECK(stats.prefill_tokens == 3);
+  CHECK(stats.generated_tokens == 32);
+  CHECK(stats.finish_reason == MOERT_FINISH_MAX_TOKENS);
+  CHECK(stats.prefill_tokens_per_second > 0 && stats.decode_tokens_per_second > 0);
+  CHECK(stats.time_to_first_token_ms > 0);
+  CHECK(stats.peak_rss_bytes > 0);
+
+  /* Cancel through the callback's return value, after 5 tokens. */
+  CHECK_STATUS(moert_session_reset(session), MOERT_OK);
+  reset_tokens(&tokens, 5);
+  CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_CANCELLED);
+  CHECK(tokens.n_ids == 5);
+  CHECK(tokens.mismatches == 0);
+  CHECK(strstr(moert_session_last_error(session), "cancelled") != NULL);
+  CHECK_STATUS(moert_session_stats(session, &stats), MOERT_OK);
+  CHECK(stats.finish_reason == MOERT_FINISH_CANCELLED);
+  CHECK(stats.generated_tokens == 5);
+
+  /* Bad requests: a status and a message, and the session keeps working. */
+  CHECK_STATUS(moert_session_generate(NULL, &params, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_generate(session, NULL, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_session_last_error(session), "params") != NULL);
+  params.sampler.top_p = 0.0f;
+  CHECK_STATUS(moert_session_generate(session, &params, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_session_last_error(session), "top_p") != NULL);
+  params.sampler.top_p = 0.95f;
+  params.chat_template = "no-such-template";
+  CHECK_STATUS(moert_session_generate(session, &params, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_session_last_error(session), "no-such-template") != NULL);
+  params.chat_template = NULL;
+  params.n_stop = 1;
+  params.stop = NULL;
+  CHECK_STATUS(moert_session_generate(session, &params, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  params.n_stop = 0;
+  CHECK_STATUS(moert_session_add_message(session, "narrator", "Once"), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_add_message(session, NULL, "Once"), MOERT_INVALID_ARGUMENT);
+
+  CHECK_STATUS(moert_session_reset(session), MOERT_OK);
+  reset_tokens(&tokens, 0);
+  CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+  CHECK(strcmp(moert_session_last_error(session), "") == 0);
+  CHECK(tokens.n_ids == 32 && tokens.mismatches == 0);
+
+  /* A chat turn with a stop string. */
+  {
+    moert_message message = {"user", "ROMEO:"};
+    const char* stop[1] = {"\n"};
+    moert_generate_params chat;
+    moert_generate_params_default(&chat);
+    chat.messages = &message;
+    chat.n_messages = 1;
+    chat.max_tokens = 16;
+    chat.sampler.temperature = 0.0f;
+    chat.stop = stop;
+    chat.n_stop = 1;
+    CHECK_STATUS(moert_session_reset(session), MOERT_OK);
+    reset_tokens(&tokens, 0);
+    CHECK_STATUS(moert_session_generate(session, &chat, on_token, &tokens), MOERT_OK);
+    CHECK(strchr(tokens.text, '\n') == NULL);
+  }
+
+  /* NULL handles everywhere else. */
+  CHECK_STATUS(moert_session_create(NULL, &session), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_reset(NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_cancel(NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_stats(NULL, &stats), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_session_add_message(NULL, "user", "x"), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_context_length(NULL, &context_length), MOERT_INVALID_ARGUMENT);
+  CHECK(strcmp(moert_session_last_error(NULL), "") == 0);
+  moert_runtime_options_default(NULL);
+  moert_generate_params_default(NULL);
+
+  /* The session outlives the runtime. */
+  moert_runtime_destroy(runtime);
+  params.max_tokens = 4;
+  CHECK_STATUS(moert_session_reset(session), MOERT_OK);
+  reset_tokens(&tokens, 0);
+  CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+  CHECK(tokens.n_ids == 4 && tokens.mismatches == 0);
+  moert_session_destroy(session);
+  moert_session_destroy(NULL);
+  moert_runtime_destroy(NULL);
+
+  if (g_failures != 0) {
+    fprintf(stderr, "c_api_test: %d check(s) failed\n", g_failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed\n");
+  return 0;
+}

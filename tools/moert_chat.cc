@@ -1,0 +1,365 @@
+// moert-chat: generate text with a GGUF model through the public C++ API, with
+// llama.cpp's flag names. With -p it continues the raw prompt once (no chat
+// template: base models) and stdout holds the continuation only; without -p it is
+// an interactive chat that reads lines from stdin and streams the replies (chat
+// template from the model, /reset to start over, /exit or end of input to quit).
+// Loading progress, the speed line and errors go to stderr.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "moert/runtime.h"
+#include "moert/version.h"
+
+namespace {
+
+#ifndef MOERT_DEFAULT_MODEL
+#define MOERT_DEFAULT_MODEL ""
+#endif
+// Where the example model lies when the source tree is gone (an installed tool run
+// from a checkout).
+constexpr char kRelativeDefaultModel[] = "examples/models/tiny-moe-shakespeare-q8_0.gguf";
+
+constexpr char kUsage[] =
+    "usage: moert-chat [-m FILE] [-p PROMPT] [options]\n"
+    "\n"
+    "Generates text with a GGUF model. With -p, continues PROMPT once (no chat\n"
+    "template) and prints only the continuation. Without -p, chats: type a message\n"
+    "per line; /reset starts over, /exit or end of input quits.\n"
+    "\n"
+    "  -m, --model FILE         GGUF model (default: the example model,\n"
+    "                           examples/models/tiny-moe-shakespeare-q8_0.gguf)\n"
+    "  -p, --prompt TEXT        prompt to continue (escapes such as \\n are processed)\n"
+    "  -n, --n-predict N        tokens to generate (default -1: until the end of text\n"
+    "                           or a full context)\n"
+    "  --temp T                 temperature (default 0.8; 0: greedy)\n"
+    "  --top-k N                top-k sampling (default 40; 0: off)\n"
+    "  --top-p P                top-p sampling (default 0.95; 1: off)\n"
+    "  --min-p P                min-p sampling (default 0.05; 0: off)\n"
+    "  --repeat-penalty F       penalty for repeated tokens (default 1.0: off)\n"
+    "  -s, --seed N             RNG seed (default -1: random)\n"
+    "  -t, --threads N          compute threads (default 0: one per CPU)\n"
+    "  -c, --ctx-size N         context length (default 0: the model's)\n"
+    "  -h, --help               show this help\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "moert-chat: error: %s\n", message.c_str());
+  return 1;
+}
+
+bool ParseInt(std::string_view text, int64_t* out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+bool ParseFloat(std::string_view text, float* out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+// llama.cpp's string_process_escapes, so prompts given to moert and llama.cpp agree.
+std::string ProcessEscapes(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '\\' || i + 1 >= in.size()) {
+      out += in[i];
+      continue;
+    }
+    const char c = in[++i];
+    switch (c) {
+      case 'n':
+        out += '\n';
+        continue;
+      case 'r':
+        out += '\r';
+        continue;
+      case 't':
+        out += '\t';
+        continue;
+      case '\'':
+        out += '\'';
+        continue;
+      case '"':
+        out += '"';
+        continue;
+      case '\\':
+        out += '\\';
+        continue;
+      case 'x':
+        if (i + 2 < in.size()) {
+          const std::string hex(in.substr(i + 1, 2));
+          char* end = nullptr;
+          const long value = std::strtol(hex.c_str(), &end, 16);
+          if (end == hex.c_str() + 2) {
+            out += static_cast<char>(value);
+            i += 2;
+            continue;
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+struct Args {
+  std::string model;
+  std::string prompt;
+  bool have_prompt = false;
+  int64_t n_predict = -1;
+  float temperature = 0.8f;
+  int64_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int64_t seed = -1;
+  int64_t threads = 0;
+  int64_t ctx_size = 0;
+};
+
+// Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
+std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const auto value = [&](std::string_view* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string_view v;
+    const auto need = [&](const char* what) {
+      return std::string(arg) + " needs " + what + " (see --help)";
+    };
+    const auto bad = [&](const char* what) {
+      return "invalid value '" + std::string(v) + "' for " + std::string(arg) + ": expected " +
+             what;
+    };
+    const auto int_flag = [&](int64_t* out, int64_t min) -> std::string {
+      if (!value(&v)) return need("a number");
+      if (!ParseInt(v, out) || *out < min || *out > INT32_MAX) {
+        return bad(min == 0 ? "an integer >= 0" : "an integer");
+      }
+      return {};
+    };
+    const auto float_flag = [&](float* out) -> std::string {
+      if (!value(&v)) return need("a number");
+      if (!ParseFloat(v, out)) return bad("a number");
+      return {};
+    };
+    std::string error;
+    if (arg == "-h" || arg == "--help") {
+      *help = true;
+      return {};
+    } else if (arg == "-m" || arg == "--model") {
+      if (!value(&v)) return need("a FILE");
+      args->model = std::string(v);
+    } else if (arg == "-p" || arg == "--prompt") {
+      if (!value(&v)) return need("a TEXT");
+      args->prompt = ProcessEscapes(v);
+      args->have_prompt = true;
+    } else if (arg == "-n" || arg == "--n-predict") {
+      error = int_flag(&args->n_predict, INT32_MIN);
+    } else if (arg == "--temp") {
+      error = float_flag(&args->temperature);
+    } else if (arg == "--top-k") {
+      error = int_flag(&args->top_k, INT32_MIN);
+    } else if (arg == "--top-p") {
+      error = float_flag(&args->top_p);
+    } else if (arg == "--min-p") {
+      error = float_flag(&args->min_p);
+    } else if (arg == "--repeat-penalty") {
+      error = float_flag(&args->repeat_penalty);
+    } else if (arg == "-s" || arg == "--seed") {
+      error = int_flag(&args->seed, -1);
+      if (error.empty() && args->seed < -1) error = bad("-1 or a seed >= 0");
+    } else if (arg == "-t" || arg == "--threads") {
+      error = int_flag(&args->threads, 0);
+    } else if (arg == "-c" || arg == "--ctx-size") {
+      error = int_flag(&args->ctx_size, 0);
+    } else {
+      return "unknown argument '" + std::string(arg) + "' (see --help)";
+    }
+    if (!error.empty()) return error;
+  }
+  return {};
+}
+
+bool FileExists(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
+
+std::string DefaultModel() {
+  const std::string built_in = MOERT_DEFAULT_MODEL;
+  if (!built_in.empty() && FileExists(built_in)) return built_in;
+  return kRelativeDefaultModel;
+}
+
+// Drawn on stderr only when it is a terminal, so logs and tests stay clean.
+class ProgressBar {
+ public:
+  ProgressBar() : enabled_(isatty(STDERR_FILENO) == 1) {}
+  void Draw(float fraction) {
+    if (!enabled_) return;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(fraction * kWidth + 0.5f);
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, ' ');
+    std::fprintf(stderr, "\rloading [%s] %3d%%", bar.c_str(), static_cast<int>(fraction * 100));
+    if (fraction >= 1.0f) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+  // Clears an unfinished bar (before an error line).
+  void Clear() {
+    if (enabled_) std::fputs("\r\033[K", stderr);
+  }
+
+ private:
+  bool enabled_;
+};
+
+void PrintStats(const moert::GenerationStats& s) {
+  std::fprintf(stderr,
+               "moert-chat: prompt %d tokens (%d cached) %.1f ms, %.1f t/s; generated %d "
+               "tokens %.1f t/s; first token %.1f ms; peak RSS %.1f MiB; %s\n",
+               s.prompt_tokens, s.cached_tokens, s.prefill_ms, s.prefill_tokens_per_second,
+               s.generated_tokens, s.decode_tokens_per_second, s.time_to_first_token_ms,
+               static_cast<double>(s.peak_rss_bytes) / (1024.0 * 1024.0),
+               moert::FinishReasonName(s.finish_reason));
+}
+
+std::atomic<bool> g_cancel{false};
+std::atomic<bool> g_generating{false};
+
+// Ctrl-C stops the reply being generated; when none is, it quits.
+extern "C" void OnInterrupt(int) {
+  if (g_generating.load()) {
+    g_cancel.store(true);
+  } else {
+    _exit(130);
+  }
+}
+
+bool WritePiece(std::string_view piece) {
+  if (piece.empty()) return true;
+  return std::fwrite(piece.data(), 1, piece.size(), stdout) == piece.size() &&
+         std::fflush(stdout) == 0;
+}
+
+int Interactive(moert::MoERuntime& runtime, moert::GenerateRequest request) {
+  std::unique_ptr<moert::Session> session;
+  moert::Status status = runtime.CreateSession(&session);
+  if (!status.ok()) return Fail(status.message());
+  const moert::ModelInfo info = runtime.model_info();
+  std::fprintf(stderr,
+               "moert-chat: %s (%s, context %d, chat template %s). Type a message; /reset "
+               "starts over, /exit quits.\n",
+               info.path.c_str(), info.architecture.c_str(), info.context_length,
+               info.chat_template.c_str());
+  request.context_policy = moert::ContextPolicy::kSlide;
+  request.cancel = &g_cancel;
+  std::signal(SIGINT, OnInterrupt);
+
+  std::string line;
+  while (true) {
+    std::fputs("> ", stderr);
+    std::fflush(stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      session->Reset();
+      std::fputs("moert-chat: conversation cleared\n", stderr);
+      continue;
+    }
+    if (line.empty()) continue;
+    g_cancel.store(false);
+    g_generating.store(true);
+    // Templates such as plain end the prompt at "assistant:": the reply's leading
+    // space is not shown.
+    bool reply_started = false;
+    status = session->Chat(line, request, [&](std::string_view piece, int32_t) {
+      if (!reply_started) {
+        piece.remove_prefix(std::min(piece.find_first_not_of(' '), piece.size()));
+        reply_started = !piece.empty();
+      }
+      return WritePiece(piece);
+    });
+    g_generating.store(false);
+    WritePiece("\n");
+    if (!status.ok() && status.code() != moert::StatusCode::kCancelled) {
+      std::fprintf(stderr, "moert-chat: error: %s\n", status.message().c_str());
+      continue;
+    }
+    PrintStats(session->Stats());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  bool help = false;
+  const std::string error = ParseArgs(argc, argv, &args, &help);
+  if (!error.empty()) return Fail(error);
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (args.model.empty()) args.model = DefaultModel();
+
+  moert::RuntimeOptions options;
+  options.threads = static_cast<int>(args.threads);
+  options.context_length = static_cast<int>(args.ctx_size);
+  std::unique_ptr<moert::MoERuntime> runtime;
+  moert::Status status = moert::MoERuntime::Create(options, &runtime);
+  if (!status.ok()) return Fail(status.message());
+
+  ProgressBar bar;
+  status = runtime->LoadModel(args.model, [&bar](float f) { bar.Draw(f); });
+  if (!status.ok()) {
+    bar.Clear();
+    return Fail(status.message());
+  }
+
+  moert::GenerateRequest request;
+  request.max_tokens = static_cast<int>(args.n_predict);
+  request.temperature = args.temperature;
+  request.top_k = static_cast<int>(args.top_k);
+  request.top_p = args.top_p;
+  request.min_p = args.min_p;
+  request.repeat_penalty = args.repeat_penalty;
+  request.seed = args.seed >= 0 ? static_cast<uint64_t>(args.seed) : std::random_device()();
+
+  if (!args.have_prompt) return Interactive(*runtime, request);
+
+  request.prompt = args.prompt;
+  bool write_failed = false;
+  status = runtime->Generate(request, [&](std::string_view piece, int32_t) {
+    write_failed = !WritePiece(piece);
+    return !write_failed;
+  });
+  if (write_failed) return Fail("cannot write the output");
+  if (!status.ok()) {
+    std::fflush(stdout);
+    return Fail(status.message());
+  }
+  PrintStats(runtime->Stats());
+  return 0;
+}

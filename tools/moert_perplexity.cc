@@ -1,0 +1,161 @@
+// moert-perplexity: perplexity of a GGUF model over a text file, computed as
+// llama.cpp's llama-perplexity does (model/perplexity.h), so the numbers compare
+// directly. Progress goes to stderr; the result is the last line on stdout:
+// `PPL = <value> +/- <error>`.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/gguf.h"
+#include "model/model.h"
+#include "model/perplexity.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: moert-perplexity -m FILE -f TEXT_FILE -c CTX [-b BATCH] [-t THREADS]\n"
+    "\n"
+    "Perplexity of the GGUF model FILE over TEXT_FILE, as llama-perplexity computes\n"
+    "it: the text is tokenized with BOS and cut into chunks of CTX tokens; each chunk\n"
+    "starts with BOS and an empty context, and its second half is scored.\n"
+    "\n"
+    "  -m, --model FILE        GGUF model\n"
+    "  -f, --file TEXT_FILE    text to score (at least 2 * CTX tokens)\n"
+    "  -c, --ctx-size CTX      tokens per chunk\n"
+    "  -b, --batch-size BATCH  tokens per forward pass (default: CTX)\n"
+    "  -t, --threads N         compute threads (default: 1; 0: one per core)\n"
+    "  --chunks N              score only the first N chunks\n"
+    "  -h, --help              show this help\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "moert-perplexity: error: %s\n", message.c_str());
+  return 1;
+}
+
+// A non-negative int, or false.
+bool ParseCount(const char* text, int* out) {
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 0 || value > (1L << 30)) return false;
+  *out = static_cast<int>(value);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path;
+  std::string text_path;
+  int n_ctx = -1;
+  int n_batch = 0;
+  int threads = 1;
+  int max_chunks = 0;
+
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    auto value = [&](std::string_view what) -> const char* {
+      if (i + 1 >= argc) {
+        Fail(std::string(arg) + " needs " + std::string(what) + " (see --help)");
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    auto count = [&](std::string_view what, int* out) {
+      const char* v = value(what);
+      if (v == nullptr) return false;
+      if (!ParseCount(v, out)) {
+        Fail(std::string(arg) + " needs " + std::string(what) + ", got '" + v + "'");
+        return false;
+      }
+      return true;
+    };
+    if (arg == "-m" || arg == "--model") {
+      const char* v = value("a FILE");
+      if (v == nullptr) return 1;
+      model_path = v;
+    } else if (arg == "-f" || arg == "--file") {
+      const char* v = value("a TEXT_FILE");
+      if (v == nullptr) return 1;
+      text_path = v;
+    } else if (arg == "-c" || arg == "--ctx-size") {
+      if (!count("a number of tokens", &n_ctx)) return 1;
+    } else if (arg == "-b" || arg == "--batch-size") {
+      if (!count("a number of tokens", &n_batch)) return 1;
+    } else if (arg == "-t" || arg == "--threads") {
+      if (!count("a number of threads", &threads)) return 1;
+    } else if (arg == "--chunks") {
+      if (!count("a number of chunks", &max_chunks)) return 1;
+    } else {
+      return Fail("unknown argument '" + std::string(arg) + "' (see --help)");
+    }
+  }
+  if (model_path.empty()) return Fail("no model: give -m FILE (see --help)");
+  if (text_path.empty()) return Fail("no text: give -f TEXT_FILE (see --help)");
+  if (n_ctx < 0) return Fail("no context size: give -c CTX (see --help)");
+  if (n_ctx < 3) return Fail("-c needs at least 3 tokens, got " + std::to_string(n_ctx));
+  if (n_batch == 0) n_batch = n_ctx;
+
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) return Fail("cannot read '" + text_path + "'");
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  const std::string text = contents.str();
+
+  auto file = moert::format::GgufFile::Open(model_path);
+  if (!file.ok()) return Fail(std::string(file.status().message()));
+  auto tokenizer = moert::tokenizer::Tokenizer::FromGguf(**file);
+  if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+  moert::model::ModelLoadOptions load_options;
+  load_options.threads = threads;
+  auto model = moert::model::Model::Load(**file, load_options);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+
+  // llama-perplexity: add_special (BOS as the vocabulary asks), no special parsing.
+  const std::vector<moert::tokenizer::TokenId> tokens = tokenizer->Encode(text, true, false);
+  if (tokens.size() < 2 * static_cast<size_t>(n_ctx)) {
+    return Fail("'" + text_path + "' has " + std::to_string(tokens.size()) + " tokens; -c " +
+                std::to_string(n_ctx) + " needs at least " +
+                std::to_string(2 * static_cast<int64_t>(n_ctx)));
+  }
+  const int n_chunks_all = static_cast<int>(tokens.size() / static_cast<size_t>(n_ctx));
+  const int n_chunks = max_chunks > 0 ? std::min(max_chunks, n_chunks_all) : n_chunks_all;
+  std::fprintf(stderr,
+               "moert-perplexity: %zu tokens, %d chunks of %d, scoring %d tokens per chunk, "
+               "batch %d, %d thread(s)\n",
+               tokens.size(), n_chunks, n_ctx, n_ctx - 1 - n_ctx / 2, n_batch, threads);
+
+  moert::model::PerplexityOptions options;
+  options.n_ctx = n_ctx;
+  options.n_batch = n_batch;
+  options.max_chunks = max_chunks;
+  options.bos = tokenizer->vocab().add_bos() ? tokenizer->vocab().bos() : -1;
+  options.progress = [](const moert::model::PerplexityProgress& p) {
+    std::fprintf(stderr, "[%d]%.4f,", p.chunk, p.ppl);
+    if (p.chunk % 10 == 0 || p.chunk == p.n_chunks) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto result = moert::model::ComputePerplexity(**model, tokens, options);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr,
+               "moert-perplexity: %d chunks, %lld tokens scored in %.1f s (%.0f tokens/s)\n",
+               result->n_chunks, static_cast<long long>(result->n_scored), seconds,
+               static_cast<double>(result->n_chunks) * n_ctx / seconds);
+  std::printf("PPL = %.4f +/- %.5f\n", result->ppl, result->ppl_error);
+  if (std::fflush(stdout) != 0) return Fail("cannot write the output");
+  return 0;
+}
