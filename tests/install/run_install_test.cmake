@@ -25,7 +25,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/buil
     -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix}
     -DCMAKE_C_COMPILER=${C_COMPILER} -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-foreach(exe consumer_shared consumer_static)
+foreach(exe consumer_shared consumer_static consumer_cpp)
   run(${WORK_DIR}/build/${exe})
   if(NOT run_output MATCHES "^moert ${VERSION}\n$")
     message(FATAL_ERROR "${exe} printed '${run_output}', expected 'moert ${VERSION}'")
