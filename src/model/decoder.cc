@@ -323,4 +323,29 @@ void AddResidual(LayerContext& ctx, const std::vector<float>& out) {
   for (int64_t i = 0; i < size; ++i) ctx.x[i] += out[i];
 }
 
+absl::Status PreNormDecoderModel::LoadLayer(WeightLoader& loader, int layer,
+                                             LayerWeights* w) {
+  const int64_t n_embd = spec().n_embd;
+  MOERT_RETURN_IF_ERROR(loader.LoadVector(
+      format::TensorWeightName(format::TensorKind::kAttnNorm, layer), n_embd, &w->attn_norm));
+  MOERT_RETURN_IF_ERROR(LoadAttention(loader, spec(), layer, attention_, &w->attn));
+  MOERT_RETURN_IF_ERROR(loader.LoadVector(
+      format::TensorWeightName(format::TensorKind::kFfnNorm, layer), n_embd, &w->ffn_norm));
+  if (spec().is_moe()) return LoadMoeFfn(loader, spec(), layer, shared_expert_, &w->moe);
+  return LoadDenseFfn(loader, spec(), layer, &w->ffn);
+}
+
+void PreNormDecoderModel::RunLayer(LayerContext& ctx, const LayerWeights& w) {
+  NormInto(ctx, w.attn_norm, ctx.cur);
+  RunAttention(ctx, w.attn, attention_, ctx.cur->data(), ctx.out->data());
+  AddResidual(ctx, *ctx.out);
+  NormInto(ctx, w.ffn_norm, ctx.cur);
+  if (spec().is_moe()) {
+    MoeFfn(*ctx.pool, w.moe, ctx.cur->data(), ctx.n_tokens, ctx.out->data());
+  } else {
+    SwiGluFfn(*ctx.pool, w.ffn, ctx.cur->data(), ctx.n_tokens, ctx.out->data());
+  }
+  AddResidual(ctx, *ctx.out);
+}
+
 }  // namespace moert::model

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -108,6 +109,28 @@ class DecoderModel : public Model {
   Matrix output_;                  // empty when tied to token_embd_
   std::vector<float> rope_freqs_;  // empty when absent
   std::vector<LayerWeights> layers_;
+};
+
+// The pre-norm block every supported architecture uses: x += Attention(Norm(x));
+// x += Ffn(Norm(x)), where Ffn is the dense SwiGLU FFN for a dense model and the MoE
+// FFN (with the shared expert when `shared_expert`) for a MoE one. What differs
+// between architectures is `attention` and `shared_expert`, set by each
+// architecture's file.
+class PreNormDecoderModel final : public DecoderModel {
+ public:
+  PreNormDecoderModel(format::ModelSpec spec, int threads, AttentionOptions attention,
+                      bool shared_expert)
+      : DecoderModel(std::move(spec), threads),
+        attention_(attention),
+        shared_expert_(shared_expert) {}
+
+ protected:
+  absl::Status LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) override;
+  void RunLayer(LayerContext& ctx, const LayerWeights& w) override;
+
+ private:
+  const AttentionOptions attention_;
+  const bool shared_expert_;
 };
 
 // One factory per architecture (model/arch_*.cc).
