@@ -20,6 +20,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "cli_escapes.h"
 #include "moert/runtime.h"
 #include "moert/version.h"
 
@@ -69,56 +70,6 @@ bool ParseFloat(std::string_view text, float* out) {
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, *out);
   return ec == std::errc() && ptr == end && !text.empty();
-}
-
-// llama.cpp's string_process_escapes, so prompts given to moert and llama.cpp agree.
-std::string ProcessEscapes(std::string_view in) {
-  std::string out;
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '\\' || i + 1 >= in.size()) {
-      out += in[i];
-      continue;
-    }
-    const char c = in[++i];
-    switch (c) {
-      case 'n':
-        out += '\n';
-        continue;
-      case 'r':
-        out += '\r';
-        continue;
-      case 't':
-        out += '\t';
-        continue;
-      case '\'':
-        out += '\'';
-        continue;
-      case '"':
-        out += '"';
-        continue;
-      case '\\':
-        out += '\\';
-        continue;
-      case 'x':
-        if (i + 2 < in.size()) {
-          const std::string hex(in.substr(i + 1, 2));
-          char* end = nullptr;
-          const long value = std::strtol(hex.c_str(), &end, 16);
-          if (end == hex.c_str() + 2) {
-            out += static_cast<char>(value);
-            i += 2;
-            continue;
-          }
-        }
-        break;
-      default:
-        break;
-    }
-    out += '\\';
-    out += c;
-  }
-  return out;
 }
 
 struct Args {
@@ -174,7 +125,7 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       args->model = std::string(v);
     } else if (arg == "-p" || arg == "--prompt") {
       if (!value(&v)) return need("a TEXT");
-      args->prompt = ProcessEscapes(v);
+      args->prompt = moert::tools::ProcessEscapes(v);
       args->have_prompt = true;
     } else if (arg == "-n" || arg == "--n-predict") {
       error = int_flag(&args->n_predict, INT32_MIN);
