@@ -1,8 +1,8 @@
 // Reference quantizers, following llama.cpp's quantize_row_*_ref (ggml-quants.c)
 // operation for operation: the same float expressions evaluated in the same order,
 // its nearest_int rounding trick, its truncating casts and its fp16 rounding
-// (core/fp16.h). moert is built without floating-point contraction (ISO C++ mode),
-// so no multiply-add here is fused; a llama.cpp built with -ffp-contract=fast and
+// (core/fp16.h). The library is compiled with -ffp-contract=off (src/CMakeLists.txt),
+// so no multiply-add here is fused, on x86-64 and AArch64 alike; a llama.cpp built with -ffp-contract=fast and
 // FMA may differ in rare last-bit cases of the K formats, whose searches compare
 // sums of products (tests/format/quantize_test.cc checks against real files).
 #include "format/quantize.h"

@@ -15,6 +15,3 @@ list(APPEND MOERT_SOURCES
   model/chat_template.cc
   model/stop.cc
 )
-# The reference math keeps every multiply and add separate (no FMA contraction), so
-# its results are the same on x86-64 and AArch64.
-set_source_files_properties(model/layers.cc PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
