@@ -200,6 +200,19 @@ void ScaleMinK4(size_t j, const uint8_t* q, int* scale, int* min) {
   }
 }
 
+// Sub-block j's effective scale and min in Q4_K/Q5_K: d * scale_j and dmin * min_j.
+struct ScaleMin {
+  float scale;
+  float min;
+};
+
+ScaleMin SubBlockScaleMin(size_t j, const uint8_t* scales, float d, float dmin) {
+  int sc = 0;
+  int m = 0;
+  ScaleMinK4(j, scales, &sc, &m);
+  return {d * static_cast<float>(sc), dmin * static_cast<float>(m)};
+}
+
 // d f16 | dmin f16 | scales[12] | qs[128]
 void DecodeQ4_K(const uint8_t* b, float* y) {
   const float d = LoadF16(b);
@@ -207,16 +220,10 @@ void DecodeQ4_K(const uint8_t* b, float* y) {
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (size_t is = 0; is < 8; is += 2) {
-    int sc = 0;
-    int m = 0;
-    ScaleMinK4(is, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc);
-    const float m1 = min * static_cast<float>(m);
-    ScaleMinK4(is + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc);
-    const float m2 = min * static_cast<float>(m);
-    for (size_t l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
-    for (size_t l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    const ScaleMin lo = SubBlockScaleMin(is, scales, d, min);
+    const ScaleMin hi = SubBlockScaleMin(is + 1, scales, d, min);
+    for (size_t l = 0; l < 32; ++l) *y++ = lo.scale * static_cast<float>(q[l] & 0x0F) - lo.min;
+    for (size_t l = 0; l < 32; ++l) *y++ = hi.scale * static_cast<float>(q[l] >> 4) - hi.min;
     q += 32;
   }
 }
@@ -229,23 +236,17 @@ void DecodeQ5_K(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
   for (size_t is = 0; is < 8; is += 2) {
-    int sc = 0;
-    int m = 0;
-    ScaleMinK4(is, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc);
-    const float m1 = min * static_cast<float>(m);
-    ScaleMinK4(is + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc);
-    const float m2 = min * static_cast<float>(m);
+    const ScaleMin lo = SubBlockScaleMin(is, scales, d, min);
+    const ScaleMin hi = SubBlockScaleMin(is + 1, scales, d, min);
     // The 64 values of pair `is` take their fifth bit from bits is and is+1 of qh.
     const size_t bit = is;
     for (size_t l = 0; l < 32; ++l) {
       const int v = (ql[l] & 0x0F) | (((qh[l] >> bit) & 1) << 4);
-      *y++ = d1 * static_cast<float>(v) - m1;
+      *y++ = lo.scale * static_cast<float>(v) - lo.min;
     }
     for (size_t l = 0; l < 32; ++l) {
       const int v = (ql[l] >> 4) | (((qh[l] >> (bit + 1)) & 1) << 4);
-      *y++ = d2 * static_cast<float>(v) - m2;
+      *y++ = hi.scale * static_cast<float>(v) - hi.min;
     }
     ql += 32;
   }
