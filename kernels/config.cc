@@ -1,0 +1,245 @@
+// Fills the per-family kernel configs from the CPU's features (see config.h).
+#include "kernels/config.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <cpuinfo.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#include "absl/status/status.h"
+#include "core/strings.h"
+
+#if defined(MOERT_KERNELS_AVX2)
+#include "kernels/ukernels-avx2.h"
+#endif
+#if defined(MOERT_KERNELS_NEON)
+#include "kernels/ukernels-neon.h"
+#endif
+#if defined(MOERT_KERNELS_SME2)
+#include "kernels/ukernels-sme2.h"
+#endif
+
+namespace moert::kernels {
+namespace {
+
+HardwareConfig DetectHardware() {
+  HardwareConfig hw;
+  if (!cpuinfo_initialize()) return hw;
+#if defined(__x86_64__) || defined(__i386__)
+  hw.avx2 = cpuinfo_has_x86_avx2() && cpuinfo_has_x86_fma3() && cpuinfo_has_x86_f16c();
+#endif
+#if defined(__aarch64__)
+  hw.neon_dot = cpuinfo_has_arm_neon_dot();
+#if defined(__linux__)
+  // Debian 12's cpuinfo predates i8mm and SME2; the kernel reports them in HWCAP2.
+  constexpr unsigned long kHwcap2I8mm = 1UL << 13;
+  constexpr unsigned long kHwcap2Sme2 = 1UL << 37;
+  const unsigned long hwcap2 = getauxval(AT_HWCAP2);
+  hw.neon_i8mm = hw.neon_dot && (hwcap2 & kHwcap2I8mm) != 0;
+  hw.sme2 = (hwcap2 & kHwcap2Sme2) != 0;
+#endif
+#endif
+  return hw;
+}
+
+bool IsaBuilt(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+#if defined(MOERT_KERNELS_AVX2)
+      return true;
+#else
+      return false;
+#endif
+    case Isa::kNeonDot:
+    case Isa::kNeonI8mm:
+#if defined(MOERT_KERNELS_NEON)
+      return true;
+#else
+      return false;
+#endif
+    case Isa::kSme2:
+#if defined(MOERT_KERNELS_SME2)
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+bool CpuRuns(Isa isa) {
+  const HardwareConfig& hw = GetHardwareConfig();
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return hw.avx2;
+    case Isa::kNeonDot:
+      return hw.neon_dot;
+    case Isa::kNeonI8mm:
+      return hw.neon_i8mm;
+    case Isa::kSme2:
+      return hw.sme2;
+  }
+  return false;
+}
+
+void SetGemm(GemmConfig& g, moert_qgemm_ukernel_fn gemv, moert_qgemm_ukernel_fn gemm,
+             uint32_t mr, Isa isa) {
+  if (gemv != nullptr) {
+    g.gemv = gemv;
+    g.gemv_isa = isa;
+  }
+  if (gemm != nullptr) {
+    g.gemm = gemm;
+    g.mr = mr;
+    g.gemm_isa = isa;
+  }
+}
+
+KernelConfig ScalarConfig() {
+  KernelConfig c;
+  c.isa = Isa::kScalar;
+  c.q8_quant = {moert_q8_quant_ukernel__scalar, Isa::kScalar};
+  SetGemm(c.q4, moert_q4_gemv_ukernel_1x8__scalar, moert_q4_gemm_ukernel_4x8__scalar, 4,
+          Isa::kScalar);
+  SetGemm(c.q4m, moert_q4m_gemv_ukernel_1x8__scalar, moert_q4m_gemm_ukernel_4x8__scalar, 4,
+          Isa::kScalar);
+  SetGemm(c.q8, moert_q8_gemv_ukernel_1x8__scalar, moert_q8_gemm_ukernel_4x8__scalar, 4,
+          Isa::kScalar);
+  SetGemm(c.q4s24, moert_q4s24_gemv_ukernel_1x8__scalar,
+          moert_q4s24_gemm_ukernel_4x8__scalar, 4, Isa::kScalar);
+  return c;
+}
+
+// Layers `isa`'s kernels over `c` (which holds the ISAs below it).
+void Apply(Isa isa, KernelConfig& c) {
+  switch (isa) {
+    case Isa::kScalar:
+      break;
+    case Isa::kAvx2:
+#if defined(MOERT_KERNELS_AVX2)
+      MOERT_APPLY_AVX2_KERNELS(c);
+#endif
+      break;
+    case Isa::kNeonDot:
+#if defined(MOERT_KERNELS_NEON)
+      MOERT_APPLY_NEONDOT_KERNELS(c);
+#endif
+      break;
+    case Isa::kNeonI8mm:
+#if defined(MOERT_KERNELS_NEON)
+      MOERT_APPLY_NEONI8MM_KERNELS(c);
+#endif
+      break;
+    case Isa::kSme2:
+#if defined(MOERT_KERNELS_SME2)
+      MOERT_APPLY_SME2_KERNELS(c);
+#endif
+      break;
+  }
+  c.isa = isa;
+}
+
+KernelConfig BuildConfig(Isa isa) {
+  KernelConfig c = ScalarConfig();
+  // The ARM ISAs build on each other; x86 has one.
+  static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
+  if (isa == Isa::kAvx2) {
+    Apply(Isa::kAvx2, c);
+  } else {
+    for (Isa step : kArmChain) {
+      if (IsaAvailable(step)) Apply(step, c);
+      if (step == isa) break;
+    }
+  }
+  c.isa = isa;
+  return c;
+}
+
+Isa BestIsa() {
+  Isa best = Isa::kScalar;
+  for (Isa isa : AvailableIsas()) best = isa;
+  return best;
+}
+
+KernelConfig DefaultConfig() {
+  const char* forced = std::getenv("MOERT_ISA");
+  if (forced != nullptr && forced[0] != '\0') {
+    absl::StatusOr<Isa> isa = ParseIsa(forced);
+    if (!isa.ok()) {
+      std::fprintf(stderr, "moert: ignoring MOERT_ISA: %s\n",
+                   std::string(isa.status().message()).c_str());
+    } else if (!IsaAvailable(*isa)) {
+      std::fprintf(stderr, "moert: ignoring MOERT_ISA=%s: %s\n", forced,
+                   IsaBuilt(*isa) ? "this CPU cannot run it" : "not in this build");
+    } else {
+      return BuildConfig(*isa);
+    }
+  }
+  return BuildConfig(BestIsa());
+}
+
+}  // namespace
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kNeonDot:
+      return "neondot";
+    case Isa::kNeonI8mm:
+      return "neoni8mm";
+    case Isa::kSme2:
+      return "sme2";
+  }
+  return "?";
+}
+
+absl::StatusOr<Isa> ParseIsa(std::string_view name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+    if (name == IsaName(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("unknown ISA \"", name, "\" (expected scalar, avx2, neondot, neoni8mm or sme2)"));
+}
+
+const HardwareConfig& GetHardwareConfig() {
+  static const HardwareConfig hw = DetectHardware();
+  return hw;
+}
+
+bool IsaAvailable(Isa isa) { return IsaBuilt(isa) && CpuRuns(isa); }
+
+std::vector<Isa> AvailableIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+    if (IsaAvailable(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+const KernelConfig& GetKernelConfig() {
+  static const KernelConfig config = DefaultConfig();
+  return config;
+}
+
+absl::StatusOr<KernelConfig> KernelConfigFor(Isa isa) {
+  if (!IsaBuilt(isa)) {
+    return absl::FailedPreconditionError(StrCat("ISA ", IsaName(isa), " is not in this build"));
+  }
+  if (!CpuRuns(isa)) {
+    return absl::FailedPreconditionError(StrCat("this CPU cannot run ", IsaName(isa)));
+  }
+  return BuildConfig(isa);
+}
+
+}  // namespace moert::kernels

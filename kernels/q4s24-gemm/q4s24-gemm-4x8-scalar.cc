@@ -1,0 +1,7 @@
+// Scalar reference of the q4s24 GEMM (up to 4 activation rows, 8-row weight tiles).
+#include "kernels/scalar-qgemm.h"
+#include "kernels/ukernel.h"
+
+MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__scalar) {
+  moert::kernels::scalar::QGemm<moert_w4s24_block>(m, nc, kb, a, a_stride, w, c, c_stride);
+}

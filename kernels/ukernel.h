@@ -1,0 +1,112 @@
+// The contract between the operators and the microkernels: the byte layouts the
+// kernels read (docs/formats.md, "Runtime formats", is the prose version) and the
+// signature every quantized matrix-multiply microkernel shares.
+//
+// Layouts:
+//  - A8 (activations): a row of K values is K/32 blocks of `moert_a8_block`: an fp32
+//    scale d, the int32 sum of the 32 quantized values, and the values in [-127, 127].
+//  - Weights: output rows are grouped in tiles of MOERT_NR (8) rows; a matrix of N rows
+//    by K columns is ceil(N/8) tiles, tile after tile; a tile is K/32 blocks, block
+//    after block; a block holds the 8 rows' data for 32 consecutive columns (structs
+//    below). Rows past N in the last tile are padding: zero scales, zero values.
+//  - All values little-endian; fp16 is IEEE binary16.
+//
+// Numerics (the same on every ISA, so every variant gives the same bits):
+//  - The integer dot product of a block is exact (int32).
+//  - Each output is accumulated over the blocks in order, without fused multiply-add:
+//      acc = 0.0f;  for b: acc = acc + (float)isum_b * (w.d_b * a.d_b);
+//    and for the asymmetric W4 (q4m) format, after that add of each block:
+//                          acc = acc + (float)a.s_b * (w.m_b * a.d_b);
+//    where w.d_b (w.m_b) is the fp16 scale (min) widened to float exactly.
+//  - A8 quantization of 32 floats x: amax = max |x|; d = amax / 127.0f;
+//    id = d != 0 ? 1.0f / d : 0.0f; q = round-half-to-even(x * id) (as
+//    _mm256_cvtps_epi32 and vcvtnq_s32_f32 round); s = sum of q.
+#ifndef MOERT_KERNELS_UKERNEL_H_
+#define MOERT_KERNELS_UKERNEL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+// Output rows per weight tile; every weight format and every ISA uses it.
+#define MOERT_NR 8
+// Values per block along K.
+#define MOERT_QK 32
+
+// One 32-value block of quantized activations (40 bytes).
+struct moert_a8_block {
+  float d;           // scale: value = d * qs[i]
+  int32_t s;         // sum of qs (the asymmetric format needs it)
+  int8_t qs[MOERT_QK];
+};
+static_assert(sizeof(moert_a8_block) == 40, "A8 block layout");
+
+// W4, symmetric int4 (lossless from Q4_0): value = d * (nibble - 8). Byte j of a row
+// holds column j in its low nibble and column j + 16 in its high nibble (Q4_0 order).
+struct moert_w4_block {
+  uint16_t d[MOERT_NR];       // fp16 scale of each row
+  uint8_t qs[MOERT_NR][16];  // row r's 32 nibbles
+};
+static_assert(sizeof(moert_w4_block) == 144, "W4 block layout");
+
+// W4M, asymmetric int4 (lossless from Q4_1, approximate from Q4_K): value =
+// d * nibble + m, nibble in [0, 15]; nibble order as W4.
+struct moert_w4m_block {
+  uint16_t d[MOERT_NR];  // fp16 scale
+  uint16_t m[MOERT_NR];  // fp16 offset (Q4_1's m; minus Q4_K's min)
+  uint8_t qs[MOERT_NR][16];
+};
+static_assert(sizeof(moert_w4m_block) == 160, "W4M block layout");
+
+// W8, int8 (lossless from Q8_0): value = d * qs, qs in [-128, 127].
+struct moert_w8_block {
+  uint16_t d[MOERT_NR];
+  int8_t qs[MOERT_NR][MOERT_QK];
+};
+static_assert(sizeof(moert_w8_block) == 272, "W8 block layout");
+
+// W4S24, 2:4 structured-sparse int4: in each group of 4 columns (8 groups per block)
+// two values are kept, 16 per row and block. Kept value k (k = 0..15) belongs to
+// group k / 2, so it sits at column 4 * (k / 2) + idx_k; the two kept values of a
+// group have idx in increasing order. value = d * (nibble - 8).
+//  - qs[r][j] (j = 0..7): kept value j in the low nibble, kept value j + 8 in the high
+//    nibble (so the low nibbles read columns 0..15, the high ones columns 16..31);
+//  - idx[r][i] (i = 0..3): the 2-bit column-in-group of kept values 4i..4i+3, kept
+//    value 4i + t in bits 2t..2t+1.
+// 14 bytes per row and block (3.5 bits a weight) against W4's 18.
+struct moert_w4s24_block {
+  uint16_t d[MOERT_NR];
+  uint8_t qs[MOERT_NR][8];
+  uint8_t idx[MOERT_NR][4];
+};
+static_assert(sizeof(moert_w4s24_block) == 112, "W4S24 block layout");
+
+// Quantizes k floats (k a multiple of 32) to k/32 A8 blocks at `a`.
+typedef void (*moert_q8_quant_ukernel_fn)(size_t k, const float* x, moert_a8_block* a);
+
+// c[i][n] = sum over K of a[i] * w[n] for i < m and n < nc, written (not added) to
+// c + i * c_stride + n. `m` is at most the kernel's MR (1 for a GEMV kernel); `nc`
+// may be any count >= 1 (the last tile is partial when nc % 8 != 0); `kb` = K / 32
+// >= 1; row i of the activations starts at (const char*)a + i * a_stride; `w` points
+// at the first tile to compute.
+typedef void (*moert_qgemm_ukernel_fn)(size_t m, size_t nc, size_t kb, const moert_a8_block* a,
+                                       size_t a_stride, const void* w, float* c,
+                                       size_t c_stride);
+
+// Scalar references (always built). ISA variants are declared in ukernels-<isa>.h,
+// one header per ISA, and exist only where the compiler builds that ISA.
+void moert_q8_quant_ukernel__scalar(size_t k, const float* x, moert_a8_block* a);
+
+#define MOERT_DECLARE_QGEMM(name)                                                          \
+  void name(size_t m, size_t nc, size_t kb, const moert_a8_block* a, size_t a_stride,      \
+            const void* w, float* c, size_t c_stride)
+
+MOERT_DECLARE_QGEMM(moert_q4_gemv_ukernel_1x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q4_gemm_ukernel_4x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q4m_gemv_ukernel_1x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q4m_gemm_ukernel_4x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q8_gemv_ukernel_1x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__scalar);
+MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__scalar);
+
+#endif  // MOERT_KERNELS_UKERNEL_H_

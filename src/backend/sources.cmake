@@ -1,0 +1,3 @@
+# Sources of src/backend (paths relative to src/).
+list(APPEND MOERT_SOURCES
+)

@@ -1,0 +1,108 @@
+// The A8 activation quantizers: every ISA variant gives the scalar reference's bytes,
+// and the reference meets the definition in kernels/ukernel.h (scale amax / 127,
+// round half to even, the sum of the values).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/config.h"
+#include "kernels/ukernel.h"
+
+namespace moert::kernels {
+namespace {
+
+std::vector<float> Inputs(size_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(k);
+  for (float& v : x) v = normal(rng);
+  if (k >= 64) {
+    // A zero block, a block of one value, exact .5 ties, and huge / tiny magnitudes.
+    for (size_t j = 0; j < 32; ++j) x[j] = 0.0f;
+    for (size_t j = 32; j < 64; ++j) x[j] = -2.5f;
+  }
+  if (k >= 128) {
+    for (size_t j = 64; j < 96; ++j) x[j] = 127.0f * 0.5f * static_cast<float>(j % 5) - 100.0f;
+    for (size_t j = 96; j < 128; ++j) x[j] = (j % 2 ? 1e30f : -1e-30f);
+  }
+  return x;
+}
+
+TEST(Q8QuantReferenceTest, MatchesDefinition) {
+  const std::vector<float> x = Inputs(256, 5);
+  std::vector<moert_a8_block> a(x.size() / 32);
+  moert_q8_quant_ukernel__scalar(x.size(), x.data(), a.data());
+  for (size_t b = 0; b < a.size(); ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[b * 32 + j]));
+    EXPECT_EQ(a[b].d, amax / 127.0f) << "block " << b;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[b * 32 + j];
+      EXPECT_LE(std::abs(a[b].qs[j]), 127);
+      // Within half a step of the input.
+      EXPECT_LE(std::fabs(a[b].d * a[b].qs[j] - v), a[b].d * 0.5f * 1.0001f + 1e-37f)
+          << "block " << b << " value " << j;
+      s += a[b].qs[j];
+    }
+    EXPECT_EQ(a[b].s, s) << "block " << b;
+  }
+  EXPECT_EQ(a[0].d, 0.0f);
+  EXPECT_EQ(a[1].qs[0], -127);
+}
+
+TEST(Q8QuantReferenceTest, TiesRoundToEven) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;  // scale 1
+  x[1] = 2.5f;
+  x[2] = 3.5f;
+  x[3] = -2.5f;
+  moert_a8_block a;
+  moert_q8_quant_ukernel__scalar(32, x.data(), &a);
+  ASSERT_EQ(a.d, 1.0f);
+  EXPECT_EQ(a.qs[1], 2);
+  EXPECT_EQ(a.qs[2], 4);
+  EXPECT_EQ(a.qs[3], -2);
+}
+
+class Q8QuantTest : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(Q8QuantTest, MatchesScalarBitForBit) {
+  auto config = KernelConfigFor(GetParam());
+  if (!config.ok()) GTEST_SKIP() << config.status().message();
+  if (config->q8_quant.isa != GetParam()) {
+    GTEST_SKIP() << "no q8-quant kernel for " << IsaName(GetParam());
+  }
+  for (size_t k : {32, 64, 96, 128, 256, 1024, 1408, 2048}) {
+    const std::vector<float> x = Inputs(k, static_cast<uint32_t>(k));
+    std::vector<moert_a8_block> got(k / 32), want(k / 32);
+    config->q8_quant.quant(k, x.data(), got.data());
+    moert_q8_quant_ukernel__scalar(k, x.data(), want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(moert_a8_block)), 0)
+        << IsaName(GetParam()) << " k=" << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kNeonDot,
+                                           Isa::kNeonI8mm, Isa::kSme2),
+                         [](const ::testing::TestParamInfo<Isa>& param_info) {
+                           return std::string(IsaName(param_info.param));
+                         });
+
+TEST(KernelConfigTest, ParsesIsaNames) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+    auto parsed = ParseIsa(IsaName(isa));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, isa);
+  }
+  EXPECT_FALSE(ParseIsa("avx512").ok());
+  EXPECT_EQ(AvailableIsas().front(), Isa::kScalar);
+  EXPECT_TRUE(KernelConfigFor(Isa::kScalar).ok());
+}
+
+}  // namespace
+}  // namespace moert::kernels

@@ -1,0 +1,111 @@
+// Every quantized GEMV/GEMM microkernel (every format, every ISA variant this build
+// has) through QGemmTester on the edge shapes: rows below the tile, N not a multiple
+// of the tile, K = 32, large K, padded strides. A variant this CPU cannot run, or a
+// family without a variant for the ISA, is skipped by name.
+#include <string>
+#include <tuple>
+
+#include "gtest/gtest.h"
+#include "kernels/config.h"
+#include "kernels/qgemm_tester.h"
+
+namespace moert::kernels::testing {
+namespace {
+
+enum class Op { kGemv, kGemm };
+
+using Param = std::tuple<WeightFormat, Isa, Op>;
+
+class QGemmTest : public ::testing::TestWithParam<Param> {
+ protected:
+  // The kernel under test and its scalar reference; false (with a skip) when there
+  // is nothing to test.
+  bool Kernels(moert_qgemm_ukernel_fn* kernel, moert_qgemm_ukernel_fn* reference,
+               uint32_t* mr) {
+    const auto [format, isa, op] = GetParam();
+    auto config = KernelConfigFor(isa);
+    if (!config.ok()) {
+      skip_reason_ = std::string(config.status().message());
+      return false;
+    }
+    const GemmConfig& family = FamilyOf(*config, format);
+    const Isa have = op == Op::kGemv ? family.gemv_isa : family.gemm_isa;
+    if (have != isa) {
+      skip_reason_ = std::string("no ") + WeightFormatName(format) +
+                     (op == Op::kGemv ? " GEMV" : " GEMM") + " kernel for " + IsaName(isa);
+      return false;
+    }
+    const GemmConfig& scalar = FamilyOf(*KernelConfigFor(Isa::kScalar), format);
+    *kernel = op == Op::kGemv ? family.gemv : family.gemm;
+    *reference = op == Op::kGemv ? scalar.gemv : scalar.gemm;
+    *mr = op == Op::kGemv ? 1 : family.mr;
+    return true;
+  }
+
+  std::string skip_reason_;
+};
+
+TEST_P(QGemmTest, EdgeShapes) {
+  moert_qgemm_ukernel_fn kernel, reference;
+  uint32_t mr;
+  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
+  const WeightFormat format = std::get<0>(GetParam());
+  uint32_t seed = 1;
+  for (size_t m = 1; m <= mr; ++m) {
+    for (size_t n : {1, 3, 7, 8, 9, 15, 16, 17, 24, 33, 64, 100}) {
+      for (size_t kb : {1, 2, 3, 4, 7, 8, 33}) {
+        QGemmTester().format(format).m(m).n(n).kb(kb).seed(seed++).Test(kernel, reference);
+      }
+    }
+  }
+}
+
+TEST_P(QGemmTest, LargeK) {
+  moert_qgemm_ukernel_fn kernel, reference;
+  uint32_t mr;
+  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
+  const WeightFormat format = std::get<0>(GetParam());
+  // Expert shapes' K: 1024, 1408, 2048, 14336 (the last with few rows).
+  for (size_t kb : {32, 44, 64}) {
+    QGemmTester().format(format).m(mr).n(40).kb(kb).seed(static_cast<uint32_t>(kb)).Test(
+        kernel, reference);
+  }
+  QGemmTester().format(format).m(1).n(9).kb(448).seed(7).Test(kernel, reference);
+}
+
+TEST_P(QGemmTest, Strides) {
+  moert_qgemm_ukernel_fn kernel, reference;
+  uint32_t mr;
+  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
+  const WeightFormat format = std::get<0>(GetParam());
+  for (size_t m = 1; m <= mr; ++m) {
+    QGemmTester().format(format).m(m).n(19).kb(5).a_pad_blocks(3).c_pad(5).seed(11).Test(
+        kernel, reference);
+  }
+}
+
+TEST_P(QGemmTest, ExtremeValues) {
+  moert_qgemm_ukernel_fn kernel, reference;
+  uint32_t mr;
+  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
+  const WeightFormat format = std::get<0>(GetParam());
+  QGemmTester().format(format).m(mr).n(16).kb(8).extreme(true).seed(3).Test(kernel, reference);
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  const auto [format, isa, op] = info.param;
+  return std::string(WeightFormatName(format)) + "_" + (op == Op::kGemv ? "gemv" : "gemm") +
+         "_" + IsaName(isa);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllKernels, QGemmTest,
+    ::testing::Combine(::testing::Values(WeightFormat::kW4, WeightFormat::kW4M, WeightFormat::kW8,
+                                         WeightFormat::kW4S24),
+                       ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kNeonDot,
+                                         Isa::kNeonI8mm, Isa::kSme2),
+                       ::testing::Values(Op::kGemv, Op::kGemm)),
+    ParamName);
+
+}  // namespace
+}  // namespace moert::kernels::testing

@@ -1,0 +1,231 @@
+// Random packed weights and activations for QGemmTester, and its two checks.
+#include "kernels/qgemm_tester.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/fp16.h"
+#include "core/strings.h"
+#include "gtest/gtest.h"
+
+namespace moert::kernels::testing {
+namespace {
+
+size_t BlockBytes(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kW4:
+      return sizeof(moert_w4_block);
+    case WeightFormat::kW4M:
+      return sizeof(moert_w4m_block);
+    case WeightFormat::kW8:
+      return sizeof(moert_w8_block);
+    case WeightFormat::kW4S24:
+      return sizeof(moert_w4s24_block);
+  }
+  return 0;
+}
+
+// A random fp16 scale of a realistic magnitude (and some negative, which Q4_K's
+// offsets are).
+uint16_t RandomScale(std::mt19937& rng, bool allow_negative) {
+  std::uniform_real_distribution<float> mag(1e-4f, 4e-2f);
+  float v = mag(rng);
+  if (allow_negative && (rng() & 1)) v = -v;
+  return core::FloatToFp16(v);
+}
+
+// Random weight tiles for n rows; padding rows (>= n) are zero, as packing makes them.
+std::vector<uint8_t> RandomWeights(WeightFormat f, size_t n, size_t kb, std::mt19937& rng) {
+  const size_t tiles = (n + MOERT_NR - 1) / MOERT_NR;
+  std::vector<uint8_t> bytes(tiles * kb * BlockBytes(f), 0);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t t = 0; t < tiles; ++t) {
+    for (size_t b = 0; b < kb; ++b) {
+      uint8_t* p = bytes.data() + (t * kb + b) * BlockBytes(f);
+      for (int r = 0; r < MOERT_NR; ++r) {
+        const bool live = t * MOERT_NR + static_cast<size_t>(r) < n;
+        switch (f) {
+          case WeightFormat::kW4: {
+            auto* blk = reinterpret_cast<moert_w4_block*>(p);
+            blk->d[r] = live ? RandomScale(rng, true) : 0;
+            for (auto& q : blk->qs[r]) q = live ? static_cast<uint8_t>(byte(rng)) : 0x88;
+            break;
+          }
+          case WeightFormat::kW4M: {
+            auto* blk = reinterpret_cast<moert_w4m_block*>(p);
+            blk->d[r] = live ? RandomScale(rng, false) : 0;
+            blk->m[r] = live ? RandomScale(rng, true) : 0;
+            for (auto& q : blk->qs[r]) q = live ? static_cast<uint8_t>(byte(rng)) : 0;
+            break;
+          }
+          case WeightFormat::kW8: {
+            auto* blk = reinterpret_cast<moert_w8_block*>(p);
+            blk->d[r] = live ? RandomScale(rng, true) : 0;
+            // The full int8 range, -128 included (a file may hold it).
+            for (auto& q : blk->qs[r]) q = live ? static_cast<int8_t>(byte(rng) - 128) : 0;
+            break;
+          }
+          case WeightFormat::kW4S24: {
+            auto* blk = reinterpret_cast<moert_w4s24_block*>(p);
+            blk->d[r] = live ? RandomScale(rng, true) : 0;
+            for (auto& q : blk->qs[r]) q = live ? static_cast<uint8_t>(byte(rng)) : 0x88;
+            // Two distinct increasing positions per group of 4.
+            static constexpr uint8_t kPairs[6][2] = {{0, 1}, {0, 2}, {0, 3},
+                                                     {1, 2}, {1, 3}, {2, 3}};
+            std::memset(blk->idx[r], 0, sizeof(blk->idx[r]));
+            for (int g = 0; g < 8; ++g) {
+              const auto& pair = kPairs[live ? byte(rng) % 6 : 0];
+              for (int s = 0; s < 2; ++s) {
+                const int k = 2 * g + s;
+                blk->idx[r][k / 4] = static_cast<uint8_t>(blk->idx[r][k / 4] |
+                                                          (pair[s] << (2 * (k % 4))));
+              }
+            }
+            break;
+          }
+        }
+      }
+    }
+  }
+  return bytes;
+}
+
+// The dequantized value of row r (within its tile), column j of a block.
+double WeightValue(WeightFormat f, const uint8_t* block, int r, int j) {
+  switch (f) {
+    case WeightFormat::kW4: {
+      const auto* b = reinterpret_cast<const moert_w4_block*>(block);
+      const int q = j < 16 ? (b->qs[r][j] & 0x0F) : (b->qs[r][j - 16] >> 4);
+      return core::Fp16ToFloat(b->d[r]) * (q - 8);
+    }
+    case WeightFormat::kW4M: {
+      const auto* b = reinterpret_cast<const moert_w4m_block*>(block);
+      const int q = j < 16 ? (b->qs[r][j] & 0x0F) : (b->qs[r][j - 16] >> 4);
+      return static_cast<double>(core::Fp16ToFloat(b->d[r])) * q + core::Fp16ToFloat(b->m[r]);
+    }
+    case WeightFormat::kW8: {
+      const auto* b = reinterpret_cast<const moert_w8_block*>(block);
+      return static_cast<double>(core::Fp16ToFloat(b->d[r])) * b->qs[r][j];
+    }
+    case WeightFormat::kW4S24: {
+      const auto* b = reinterpret_cast<const moert_w4s24_block*>(block);
+      const int g = j / 4;
+      for (int s = 0; s < 2; ++s) {
+        const int k = 2 * g + s;
+        const int pos = (b->idx[r][k / 4] >> (2 * (k % 4))) & 3;
+        if (4 * g + pos == j) {
+          const int q = k < 8 ? (b->qs[r][k] & 0x0F) : (b->qs[r][k - 8] >> 4);
+          return static_cast<double>(core::Fp16ToFloat(b->d[r])) * (q - 8);
+        }
+      }
+      return 0;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* WeightFormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kW4:
+      return "q4";
+    case WeightFormat::kW4M:
+      return "q4m";
+    case WeightFormat::kW8:
+      return "q8";
+    case WeightFormat::kW4S24:
+      return "q4s24";
+  }
+  return "?";
+}
+
+const GemmConfig& FamilyOf(const KernelConfig& config, WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kW4:
+      return config.q4;
+    case WeightFormat::kW4M:
+      return config.q4m;
+    case WeightFormat::kW8:
+      return config.q8;
+    case WeightFormat::kW4S24:
+      return config.q4s24;
+  }
+  return config.q4;
+}
+
+std::string QGemmTester::Describe() const {
+  return StrCat(WeightFormatName(format_), " m=", m_, " n=", n_, " k=", kb_ * MOERT_QK,
+                " a_pad_blocks=", a_pad_blocks_, " c_pad=", c_pad_, " seed=", seed_,
+                extreme_ ? " extreme" : "");
+}
+
+void QGemmTester::Test(moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn reference) const {
+  std::mt19937 rng(seed_);
+  const std::vector<uint8_t> w = RandomWeights(format_, n_, kb_, rng);
+
+  // Activations: random floats quantized by the scalar reference.
+  const size_t a_row_blocks = kb_ + a_pad_blocks_;
+  std::vector<moert_a8_block> a(m_ * a_row_blocks);
+  std::normal_distribution<float> normal(0.0f, extreme_ ? 100.0f : 1.0f);
+  std::vector<float> x(kb_ * MOERT_QK);
+  for (size_t i = 0; i < m_; ++i) {
+    for (float& v : x) v = normal(rng);
+    if (extreme_) {
+      // Saturate whole blocks at +-127 so sums reach their extremes.
+      for (size_t j = 0; j < x.size(); ++j) x[j] = (j % 3 == 0) ? -50.0f : 50.0f;
+      x[0] = 50.0f;
+    }
+    moert_q8_quant_ukernel__scalar(x.size(), x.data(), a.data() + i * a_row_blocks);
+  }
+  const size_t a_stride = a_row_blocks * sizeof(moert_a8_block);
+  const size_t c_stride = n_ + c_pad_;
+
+  const float kSentinel = -12345.0f;
+  std::vector<float> c(m_ * c_stride, kSentinel);
+  std::vector<float> c_ref(m_ * c_stride, kSentinel);
+  kernel(m_, n_, kb_, a.data(), a_stride, w.data(), c.data(), c_stride);
+  reference(m_, n_, kb_, a.data(), a_stride, w.data(), c_ref.data(), c_stride);
+
+  const size_t block_bytes = BlockBytes(format_);
+  int reported = 0;
+  for (size_t i = 0; i < m_; ++i) {
+    for (size_t j = 0; j < c_stride; ++j) {
+      const size_t at = i * c_stride + j;
+      if (j >= n_) {
+        EXPECT_EQ(c[at], kSentinel) << Describe() << ": wrote padding at row " << i
+                                    << " column " << j;
+        continue;
+      }
+      uint32_t bits, ref_bits;
+      std::memcpy(&bits, &c[at], 4);
+      std::memcpy(&ref_bits, &c_ref[at], 4);
+      if (bits != ref_bits && reported++ < 5) {
+        ADD_FAILURE() << Describe() << ": c[" << i << "][" << j << "] = " << c[at]
+                      << ", scalar reference " << c_ref[at] << " (must be bit-identical)";
+      }
+      // The reference against a naive double sum over dequantized values.
+      double sum = 0, mag = 0;
+      const uint8_t* tile = w.data() + (j / MOERT_NR) * kb_ * block_bytes;
+      for (size_t b = 0; b < kb_; ++b) {
+        const moert_a8_block& ab = a[i * a_row_blocks + b];
+        for (int jj = 0; jj < MOERT_QK; ++jj) {
+          const double wv =
+              WeightValue(format_, tile + b * block_bytes, static_cast<int>(j % MOERT_NR), jj);
+          const double av = static_cast<double>(ab.d) * ab.qs[jj];
+          sum += wv * av;
+          mag += std::fabs(wv * av);
+        }
+      }
+      const double tol = 1e-5 * mag + 1e-6;
+      if (std::fabs(c_ref[at] - sum) > tol && reported++ < 5) {
+        ADD_FAILURE() << Describe() << ": scalar reference c[" << i << "][" << j
+                      << "] = " << c_ref[at] << ", naive sum " << sum << " (tolerance " << tol
+                      << ")";
+      }
+    }
+  }
+}
+
+}  // namespace moert::kernels::testing
