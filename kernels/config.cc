@@ -153,7 +153,7 @@ KernelConfig BuildConfig(Isa isa) {
   static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
   if (isa == Isa::kAvx2) {
     Apply(Isa::kAvx2, c);
-  } else {
+  } else if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
     for (Isa step : kArmChain) {
       if (IsaAvailable(step)) Apply(step, c);
       if (step == isa) break;

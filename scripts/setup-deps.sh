@@ -3,8 +3,9 @@
 # are missing, and nothing else. Safe to run again: it does nothing when all are there.
 #
 #   scripts/setup-deps.sh            host (x86_64) build, tests, OpenCL on PoCL
-#   scripts/setup-deps.sh --aarch64  also the aarch64 cross toolchain and qemu, and
-#                                    registers arm64 so `apt-get download` can fetch
+#   scripts/setup-deps.sh --aarch64  also the aarch64 cross toolchain and qemu, clang 19
+#                                    (it builds the SME2 kernels, which GCC 12 cannot),
+#                                    and registers arm64 so `apt-get download` can fetch
 #                                    the arm64 sysroot (scripts/arm64-sysroot.sh)
 set -euo pipefail
 
@@ -23,7 +24,7 @@ for arg in "$@"; do
   esac
 done
 if [[ $want_arm64 == 1 ]]; then
-  packages+=(g++-aarch64-linux-gnu qemu-user-static dpkg-dev)
+  packages+=(g++-aarch64-linux-gnu qemu-user-static dpkg-dev clang-19)
 fi
 
 sudo_cmd=()

@@ -53,6 +53,16 @@ constexpr char kUsage[] =
     "  -s, --seed N             RNG seed (default -1: random)\n"
     "  -t, --threads N          compute threads (default 0: one per CPU)\n"
     "  -c, --ctx-size N         context length (default 0: the model's)\n"
+    "  --memory-budget-mb N     everything the model may hold, in MiB: the routed\n"
+    "                           experts are then loaded on demand into an expert pool\n"
+    "                           of what the other weights, KV cache and scratch leave\n"
+    "  --expert-pool-mb N       an expert pool of N MiB\n"
+    "  --expert-pool FRACTION   an expert pool of this fraction (0, 1] of what all\n"
+    "                           routed experts take (1: every expert fits)\n"
+    "  --io MODE                how pooled experts are read: direct (default),\n"
+    "                           buffered or mmap\n"
+    "  --no-hot-set             with a pool, do not read or write MODEL.gguf.moert-hot\n"
+    "                           (the most used experts, loaded first at start)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -85,6 +95,11 @@ struct Args {
   int64_t seed = -1;
   int64_t threads = 0;
   int64_t ctx_size = 0;
+  int64_t memory_budget_mb = 0;
+  int64_t expert_pool_mb = 0;
+  float expert_pool_fraction = 0;
+  moert::IoMode io = moert::IoMode::kDirect;
+  bool hot_set = true;
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -146,10 +161,37 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       error = int_flag(&args->threads, 0);
     } else if (arg == "-c" || arg == "--ctx-size") {
       error = int_flag(&args->ctx_size, 0);
+    } else if (arg == "--memory-budget-mb") {
+      error = int_flag(&args->memory_budget_mb, 1);
+      if (error.empty() && args->memory_budget_mb < 1) error = bad("a number of MiB >= 1");
+    } else if (arg == "--expert-pool-mb") {
+      error = int_flag(&args->expert_pool_mb, 1);
+      if (error.empty() && args->expert_pool_mb < 1) error = bad("a number of MiB >= 1");
+    } else if (arg == "--expert-pool") {
+      error = float_flag(&args->expert_pool_fraction);
+      if (error.empty() && !(args->expert_pool_fraction > 0 && args->expert_pool_fraction <= 1)) {
+        error = bad("a fraction in (0, 1]");
+      }
+    } else if (arg == "--io") {
+      if (!value(&v)) return need("a MODE");
+      if (v == "direct") {
+        args->io = moert::IoMode::kDirect;
+      } else if (v == "buffered") {
+        args->io = moert::IoMode::kBuffered;
+      } else if (v == "mmap") {
+        args->io = moert::IoMode::kMmap;
+      } else {
+        error = bad("direct, buffered or mmap");
+      }
+    } else if (arg == "--no-hot-set") {
+      args->hot_set = false;
     } else {
       return "unknown argument '" + std::string(arg) + "' (see --help)";
     }
     if (!error.empty()) return error;
+  }
+  if (args->expert_pool_mb > 0 && args->expert_pool_fraction > 0) {
+    return "give either --expert-pool-mb or --expert-pool, not both";
   }
   return {};
 }
@@ -193,6 +235,16 @@ void PrintStats(const moert::GenerationStats& s) {
                s.generated_tokens, s.decode_tokens_per_second, s.time_to_first_token_ms,
                static_cast<double>(s.peak_rss_bytes) / (1024.0 * 1024.0),
                moert::FinishReasonName(s.finish_reason));
+  if (s.expert_pool_bytes > 0) {
+    std::fprintf(stderr,
+                 "moert-chat: budget %.1f MiB, expert pool %.1f MiB (%.1f MiB used), hit rate "
+                 "%.1f%%, %.2f MiB read and %.2f ms stalled per token\n",
+                 static_cast<double>(s.budget_bytes) / (1024.0 * 1024.0),
+                 static_cast<double>(s.expert_pool_bytes) / (1024.0 * 1024.0),
+                 static_cast<double>(s.expert_pool_used_bytes) / (1024.0 * 1024.0),
+                 100 * s.expert_hit_rate, s.expert_bytes_read_per_token / (1024.0 * 1024.0),
+                 s.expert_stall_ms_per_token);
+  }
 }
 
 std::atomic<bool> g_cancel{false};
@@ -278,6 +330,11 @@ int main(int argc, char** argv) {
   moert::RuntimeOptions options;
   options.threads = static_cast<int>(args.threads);
   options.context_length = static_cast<int>(args.ctx_size);
+  options.memory_budget_bytes = args.memory_budget_mb << 20;
+  options.expert_pool_bytes = args.expert_pool_mb << 20;
+  options.expert_pool_fraction = args.expert_pool_fraction;
+  options.io_mode = args.io;
+  options.hot_set = args.hot_set;
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());

@@ -1,6 +1,7 @@
 // moert-inspect FILE: what a GGUF model file holds - architecture, hyperparameters,
-// tokenizer, a tensor table and the routed experts summarised per layer. A bad file
-// gives exit code 1 and one line naming what is wrong.
+// tokenizer, moert-pack's packing, a tensor table and the routed experts summarised
+// per layer. A bad file gives exit code 1 and one line naming what is wrong.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -83,6 +84,21 @@ void PrintTokenizer(const GgufFile& file) {
               BoolKey(file, "tokenizer.ggml.add_eos_token").c_str());
 }
 
+// moert-pack's keys (docs/formats.md, "Packed GGUF files"), when the file has them.
+void PrintPacking(const GgufFile& file) {
+  auto version = file.GetUint("moert.pack.version");
+  if (!version.ok()) return;
+  auto text = [&](std::string_view key) {
+    auto v = file.GetString(key);
+    return v.ok() ? std::string(*v) : std::string("-");
+  };
+  const std::string calibration = text("moert.pack.calibration");
+  std::printf("packed      moert-pack v%llu, sparsity %s, %s-row tiles, calibration %s\n",
+              static_cast<unsigned long long>(*version), text("moert.pack.sparsity").c_str(),
+              UintKey(file, "moert.pack.tile_rows").c_str(),
+              calibration.empty() ? "none" : StrCat("'", calibration, "'").c_str());
+}
+
 void PrintSpec(const ModelSpec& s) {
   std::printf("arch        %.*s", static_cast<int>(s.arch->name.size()), s.arch->name.data());
   if (s.is_moe()) {
@@ -114,14 +130,19 @@ void PrintSpec(const ModelSpec& s) {
 
 void PrintTensors(const GgufFile& file) {
   size_t width = 4;
-  for (const GgufTensorInfo& t : file.tensors()) width = std::max(width, t.name.size());
-  std::printf("\ntensors\n  %-*s  %-7s  %-18s  %12s\n", static_cast<int>(width), "name", "type",
-              "shape", "bytes");
+  size_t type_width = 7;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    width = std::max(width, t.name.size());
+    type_width = std::max(type_width, moert::format::GgmlTypeName(t.type).size());
+  }
+  std::printf("\ntensors\n  %-*s  %-*s  %-18s  %12s\n", static_cast<int>(width), "name",
+              static_cast<int>(type_width), "type", "shape", "bytes");
   for (const GgufTensorInfo& t : file.tensors()) {
     std::string_view type = moert::format::GgmlTypeName(t.type);
-    std::printf("  %-*.*s  %-7.*s  %-18s  %12llu\n", static_cast<int>(width),
-                static_cast<int>(t.name.size()), t.name.data(), static_cast<int>(type.size()),
-                type.data(), Shape(t.dims).c_str(), static_cast<unsigned long long>(t.n_bytes));
+    std::printf("  %-*.*s  %-*.*s  %-18s  %12llu\n", static_cast<int>(width),
+                static_cast<int>(t.name.size()), t.name.data(), static_cast<int>(type_width),
+                static_cast<int>(type.size()), type.data(), Shape(t.dims).c_str(),
+                static_cast<unsigned long long>(t.n_bytes));
   }
 }
 
@@ -129,24 +150,35 @@ void PrintTensors(const GgufFile& file) {
 uint64_t PrintExperts(const GgufFile& file, const ModelSpec& spec) {
   uint64_t total = 0;
   if (!spec.is_moe()) return 0;
-  std::printf("\nexperts per layer\n  %-5s  %-7s  %-20s  %14s  %14s\n", "layer", "experts",
-              "gate/up/down types", "bytes/expert", "layer bytes");
+  struct Row {
+    std::string types;
+    uint64_t bytes = 0;
+  };
+  std::vector<Row> rows;
+  size_t types_width = 20;
   for (int il = 0; il < static_cast<int>(spec.n_layer); ++il) {
     const TensorKind kinds[] = {TensorKind::kFfnGateExps, TensorKind::kFfnUpExps,
                                 TensorKind::kFfnDownExps};
-    uint64_t layer_bytes = 0;
+    Row row;
     std::vector<std::string> types;
     for (TensorKind kind : kinds) {
       const GgufTensorInfo* t = file.FindTensor(moert::format::TensorWeightName(kind, il));
       if (t == nullptr) continue;  // ReadModelSpec already required them
-      layer_bytes += t->n_bytes;
+      row.bytes += t->n_bytes;
       types.emplace_back(moert::format::GgmlTypeName(t->type));
     }
-    total += layer_bytes;
-    std::printf("  %-5d  %-7u  %-20s  %14llu  %14llu\n", il, spec.n_expert,
-                StrJoin(types, "/").c_str(),
-                static_cast<unsigned long long>(layer_bytes / spec.n_expert),
-                static_cast<unsigned long long>(layer_bytes));
+    row.types = StrJoin(types, "/");
+    types_width = std::max(types_width, row.types.size());
+    total += row.bytes;
+    rows.push_back(std::move(row));
+  }
+  std::printf("\nexperts per layer\n  %-5s  %-7s  %-*s  %14s  %14s\n", "layer", "experts",
+              static_cast<int>(types_width), "gate/up/down types", "bytes/expert", "layer bytes");
+  for (size_t il = 0; il < rows.size(); ++il) {
+    std::printf("  %-5zu  %-7u  %-*s  %14llu  %14llu\n", il, spec.n_expert,
+                static_cast<int>(types_width), rows[il].types.c_str(),
+                static_cast<unsigned long long>(rows[il].bytes / spec.n_expert),
+                static_cast<unsigned long long>(rows[il].bytes));
   }
   return total;
 }
@@ -210,6 +242,7 @@ int main(int argc, char** argv) {
                 arch->data());
   }
   PrintTokenizer(file);
+  PrintPacking(file);
   if (!has_model) return 0;
 
   PrintTensors(file);

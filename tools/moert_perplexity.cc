@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "experts/io_mode.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "model/perplexity.h"
@@ -33,6 +35,13 @@ constexpr char kUsage[] =
     "  -b, --batch-size BATCH  tokens per forward pass (default: CTX)\n"
     "  -t, --threads N         compute threads (default: 1; 0: one per core)\n"
     "  --chunks N              score only the first N chunks\n"
+    "  --memory-budget-mb N    everything the model may hold, in MiB: the routed\n"
+    "                          experts are then loaded on demand into an expert pool\n"
+    "  --expert-pool-mb N      an expert pool of N MiB\n"
+    "  --expert-pool FRACTION  an expert pool of this fraction (0, 1] of what all\n"
+    "                          routed experts take (1: every expert fits)\n"
+    "  --io MODE               how pooled experts are read: direct (default),\n"
+    "                          buffered or mmap\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -58,6 +67,10 @@ int main(int argc, char** argv) {
   int n_batch = 0;
   int threads = 1;
   int max_chunks = 0;
+  int memory_budget_mb = 0;
+  int expert_pool_mb = 0;
+  double expert_pool_fraction = 0;
+  moert::experts::IoMode io = moert::experts::IoMode::kDirect;
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -97,6 +110,26 @@ int main(int argc, char** argv) {
       if (!count("a number of threads", &threads)) return 1;
     } else if (arg == "--chunks") {
       if (!count("a number of chunks", &max_chunks)) return 1;
+    } else if (arg == "--memory-budget-mb") {
+      if (!count("a number of MiB", &memory_budget_mb)) return 1;
+    } else if (arg == "--expert-pool-mb") {
+      if (!count("a number of MiB", &expert_pool_mb)) return 1;
+    } else if (arg == "--expert-pool") {
+      const char* v = value("a FRACTION");
+      if (v == nullptr) return 1;
+      char* end = nullptr;
+      expert_pool_fraction = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(expert_pool_fraction > 0 && expert_pool_fraction <= 1)) {
+        return Fail(std::string(arg) + " needs a fraction in (0, 1], got '" + v + "'");
+      }
+    } else if (arg == "--io") {
+      const char* v = value("a MODE");
+      if (v == nullptr) return 1;
+      const std::optional<moert::experts::IoMode> mode = moert::experts::ParseIoMode(v);
+      if (!mode) {
+        return Fail(std::string(arg) + " needs direct, buffered or mmap, got '" + v + "'");
+      }
+      io = *mode;
     } else {
       return Fail("unknown argument '" + std::string(arg) + "' (see --help)");
     }
@@ -117,8 +150,16 @@ int main(int argc, char** argv) {
   if (!file.ok()) return Fail(std::string(file.status().message()));
   auto tokenizer = moert::tokenizer::Tokenizer::FromGguf(**file);
   if (!tokenizer.ok()) return Fail(std::string(tokenizer.status().message()));
+  if (expert_pool_mb > 0 && expert_pool_fraction > 0) {
+    return Fail("give either --expert-pool-mb or --expert-pool, not both");
+  }
   moert::model::ModelLoadOptions load_options;
   load_options.threads = threads;
+  load_options.memory_budget_bytes = static_cast<uint64_t>(memory_budget_mb) << 20;
+  load_options.expert_pool_bytes = static_cast<uint64_t>(expert_pool_mb) << 20;
+  load_options.expert_pool_fraction = expert_pool_fraction;
+  load_options.io_mode = io;
+  load_options.kv_cache_positions = n_ctx;
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
 
@@ -155,6 +196,19 @@ int main(int argc, char** argv) {
                "moert-perplexity: %d chunks, %lld tokens scored in %.1f s (%.0f tokens/s)\n",
                result->n_chunks, static_cast<long long>(result->n_scored), seconds,
                static_cast<double>(result->n_chunks) * n_ctx / seconds);
+  const moert::model::MemoryStats memory = (*model)->memory_stats();
+  if (memory.expert_pool) {
+    const moert::experts::ExpertCacheStats& pool = memory.pool;
+    std::fprintf(stderr,
+                 "moert-perplexity: expert pool %.1f MiB of a %.1f MiB budget, io %s: hit rate "
+                 "%.2f%% (%llu hits, %llu misses), %llu evictions, %.1f MiB read\n",
+                 static_cast<double>(pool.pool_bytes) / (1 << 20),
+                 static_cast<double>(memory.budget_bytes) / (1 << 20), memory.io_mode.c_str(),
+                 100 * pool.hit_rate(), static_cast<unsigned long long>(pool.hits),
+                 static_cast<unsigned long long>(pool.misses),
+                 static_cast<unsigned long long>(pool.evictions),
+                 static_cast<double>(pool.bytes_loaded) / (1 << 20));
+  }
   std::printf("PPL = %.4f +/- %.5f\n", result->ppl, result->ppl_error);
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");
   return 0;

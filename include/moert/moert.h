@@ -63,6 +63,16 @@ typedef enum moert_context_policy {
   MOERT_CONTEXT_SLIDE = 1
 } moert_context_policy;
 
+/** How a model's experts are read from its file when they live in an expert pool
+ * (see moert_runtime_set_memory_budget()). */
+typedef enum moert_io_mode {
+  /** O_DIRECT reads, bypassing the page cache; where the file system refuses them,
+   * buffered reads instead. */
+  MOERT_IO_DIRECT = 0,
+  MOERT_IO_BUFFERED = 1, /**< reads through the page cache, then dropped from it */
+  MOERT_IO_MMAP = 2      /**< copies out of a read-only mapping of the file */
+} moert_io_mode;
+
 /** Runtime options. Fill with moert_runtime_options_default() first. */
 typedef struct moert_runtime_options {
   int32_t threads;        /**< compute threads; 0: one per online CPU */
@@ -119,6 +129,21 @@ typedef struct moert_stats {
   int64_t peak_rss_bytes;            /**< the process's peak resident memory so far */
   moert_finish_reason finish_reason; /**< why it ended */
 } moert_stats;
+
+/** Memory figures of a session's last generation, with a memory budget or an expert
+ * pool (all 0 otherwise). The per-token figures divide what the model's pool did during
+ * the generation by the tokens it evaluated. */
+typedef struct moert_memory_stats {
+  int64_t budget_bytes;           /**< the total budget in force (given, or derived from the pool) */
+  int64_t expert_pool_bytes;      /**< the expert pool's size */
+  int64_t expert_pool_used_bytes; /**< bytes of resident experts */
+  int64_t expert_pool_free_bytes; /**< free bytes of the pool */
+  double expert_pool_fragmentation;   /**< 1 - largest free block / free bytes */
+  double expert_hit_rate;             /**< experts found resident / experts needed */
+  double expert_bytes_read_per_token; /**< bytes read from the model file per token */
+  double expert_stall_ms_per_token;   /**< time waiting for experts to load per token */
+  int64_t peak_rss_bytes;             /**< the process's peak resident memory so far */
+} moert_memory_stats;
 
 /** Called while a model loads with the fraction done, rising to exactly 1.0. */
 typedef void (*moert_progress_callback)(float progress, void* user_data);
@@ -196,6 +221,46 @@ MOERT_API moert_status moert_session_reset(moert_session* session);
 
 /** The figures of the session's last generation. */
 MOERT_API moert_status moert_session_stats(const moert_session* session, moert_stats* stats);
+
+/** Sets the memory budget of the models `runtime` loads from now on: everything a
+ * model may hold, in bytes (the weights outside the expert pool, the KV cache, scratch
+ * and the pool, which gets the rest unless sized by the next two functions). Setting
+ * a budget or a pool keeps a mixture-of-experts model's routed experts in a pool: each
+ * is read from the file when a token needs it and evicted when the pool is full; the
+ * output is bit for bit that of fully resident experts. Loading then fails with
+ * MOERT_RESOURCE_EXHAUSTED, naming the numbers, when the weights outside the pool do
+ * not fit or the pool cannot hold the experts one token needs. 0 (the default): no
+ * budget. MOERT_INVALID_ARGUMENT for a negative value. */
+MOERT_API moert_status moert_runtime_set_memory_budget(moert_runtime* runtime, int64_t bytes);
+
+/** Sets the expert pool's size in bytes for the models loaded from now on; 0 (the
+ * default): from the fraction or the budget. MOERT_INVALID_ARGUMENT if negative. */
+MOERT_API moert_status moert_runtime_set_expert_pool_bytes(moert_runtime* runtime, int64_t bytes);
+
+/** Sets the expert pool as a fraction in (0, 1] of what all routed experts take in it
+ * (1: every expert fits) for the models loaded from now on; 0 (the default): unset.
+ * MOERT_INVALID_ARGUMENT outside [0, 1]. */
+MOERT_API moert_status moert_runtime_set_expert_pool_fraction(moert_runtime* runtime,
+                                                              double fraction);
+
+/** Sets how experts are read (default MOERT_IO_DIRECT) for the models loaded from now
+ * on. MOERT_INVALID_ARGUMENT for an unknown mode. */
+MOERT_API moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_io_mode mode);
+
+/** Turns the hot set on (non-zero, the default) or off for the models loaded from now
+ * on: with an expert pool, the most used experts are written beside the model file
+ * (MODEL.gguf.moert-hot) when a session ends and when the model is unloaded, and
+ * loaded first at the next start. */
+MOERT_API moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled);
+
+/** Writes the loaded model's hot set now (MOERT_OK and nothing written without an
+ * expert pool or with the hot set off). MOERT_FAILED_PRECONDITION when no model is
+ * loaded. */
+MOERT_API moert_status moert_runtime_save_hot_set(moert_runtime* runtime);
+
+/** The memory figures of the session's last generation. */
+MOERT_API moert_status moert_session_memory_stats(const moert_session* session,
+                                                  moert_memory_stats* stats);
 
 #ifdef __cplusplus
 }

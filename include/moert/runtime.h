@@ -70,9 +70,40 @@ class MOERT_API Status {
 // "OK", "INVALID_ARGUMENT", ... for a code.
 MOERT_API const char* StatusCodeName(StatusCode code);
 
+// How a model's experts are read from its file when they live in an expert pool.
+enum class IoMode {
+  kDirect,    // O_DIRECT reads, bypassing the page cache (where the file system refuses
+              // them, buffered reads instead, and the stats say why)
+  kBuffered,  // reads through the page cache, then dropped from it
+  kMmap,      // copies out of a read-only mapping of the file
+};
+
 struct RuntimeOptions {
   int threads = 0;         // compute threads; 0: one per online CPU
   int context_length = 0;  // KV cache positions per session; 0: the model's training context
+
+  // Memory budget (mixture-of-experts models on the integer kernels). Setting any of
+  // the next three keeps the routed experts in an expert pool: each is read from the
+  // file when a token needs it and evicted when the pool is full, and the model's
+  // output is bit for bit the same as with every expert resident. None set: every
+  // expert is loaded at start.
+  //
+  // Everything the model may hold, in bytes: the weights outside the pool, the KV cache
+  // of context_length positions, scratch, and the pool (which gets the rest unless
+  // sized below). LoadModel fails with kResourceExhausted, naming the numbers, when the
+  // weights outside the pool alone do not fit, or the pool cannot hold the experts one
+  // token needs. 0: no budget.
+  int64_t memory_budget_bytes = 0;
+  // The expert pool in bytes; 0: from expert_pool_fraction or the budget.
+  int64_t expert_pool_bytes = 0;
+  // The expert pool as a fraction in (0, 1] of what all routed experts take in it
+  // (1: every expert fits); 0: unset.
+  double expert_pool_fraction = 0;
+  IoMode io_mode = IoMode::kDirect;
+  // With an expert pool: the most used experts are written beside the model
+  // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
+  // SaveHotSet, and loaded first at the next start.
+  bool hot_set = true;
 };
 
 struct ModelInfo {
@@ -157,6 +188,19 @@ struct GenerationStats {
   double decode_tokens_per_second = 0;  // one-token steps after the first token
   int64_t peak_rss_bytes = 0;           // the process's peak resident memory so far
   FinishReason finish_reason = FinishReason::kNone;
+
+  // Memory, with a budget or an expert pool (0 otherwise). The per-token figures
+  // divide what the model's pool did during this call (steps of other sessions running
+  // at the same time included) by the tokens this call evaluated.
+  int64_t budget_bytes = 0;            // the total budget in force (given, or derived:
+                                       // weights + KV cache + scratch + pool)
+  int64_t expert_pool_bytes = 0;       // the pool's size
+  int64_t expert_pool_used_bytes = 0;  // bytes of resident experts (pool blocks)
+  int64_t expert_pool_free_bytes = 0;
+  double expert_pool_fragmentation = 0;    // 1 - largest free block / free bytes
+  double expert_hit_rate = 0;              // experts found resident / experts needed
+  double expert_bytes_read_per_token = 0;  // bytes read from the model file
+  double expert_stall_ms_per_token = 0;    // time spent waiting for experts to load
 };
 
 // Called once per generated token with the text that became final with it (empty
@@ -236,6 +280,14 @@ class MOERT_API MoERuntime {
   GenerationStats Stats() const;
 
   const RuntimeOptions& options() const;
+  // Replaces the options (checked as Create checks them); they apply from the next
+  // LoadModel on. The loaded model keeps the ones it was loaded with.
+  Status SetOptions(const RuntimeOptions& options);
+
+  // Writes the hot set of the loaded model now (see RuntimeOptions::hot_set); OK and
+  // nothing written without an expert pool or with hot_set off. FailedPrecondition
+  // when no model is loaded.
+  Status SaveHotSet();
 
  private:
   struct Impl;

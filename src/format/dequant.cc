@@ -343,6 +343,11 @@ std::string TypeLabel(GgmlType type) {
 
 bool CanDequantize(GgmlType type) { return FindDecoder(type) != nullptr; }
 
+KSubBlockScaleMin QKSubBlockScaleMin(const uint8_t* block, size_t j) {
+  const ScaleMin sm = SubBlockScaleMin(j, block + 4, LoadF16(block), LoadF16(block + 2));
+  return {sm.scale, sm.min};
+}
+
 absl::Status Dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> dst) {
   const Decoder* decoder = FindDecoder(type);
   if (decoder == nullptr) {

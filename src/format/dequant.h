@@ -3,6 +3,7 @@
 #ifndef MOERT_FORMAT_DEQUANT_H_
 #define MOERT_FORMAT_DEQUANT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -19,6 +20,16 @@ bool CanDequantize(GgmlType type);
 // GgmlRowBytes(type, dst.size()) bytes and dst.size() must be a whole number of
 // blocks; otherwise InvalidArgument. Unimplemented for a type CanDequantize rejects.
 absl::Status Dequantize(GgmlType type, std::span<const uint8_t> src, std::span<float> dst);
+
+// Sub-block j (0..7, 32 values each) of a Q4_K or Q5_K super-block starting at
+// `block`: its values are scale * q - min with these scale (d * sc_j) and min
+// (dmin * m_j), as Dequantize computes them. Lets backend/packing.h keep Q4_K's
+// sub-blocks when it repacks them.
+struct KSubBlockScaleMin {
+  float scale;
+  float min;
+};
+KSubBlockScaleMin QKSubBlockScaleMin(const uint8_t* block, size_t j);
 
 }  // namespace moert::format
 

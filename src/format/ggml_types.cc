@@ -1,4 +1,5 @@
-// Block shapes of ggml's tensor types (ggml.c's type_traits table).
+// Block shapes of ggml's tensor types (ggml.c's type_traits table) and of moert's
+// packed types.
 #include "format/ggml_types.h"
 
 #include <array>
@@ -40,6 +41,12 @@ constexpr std::array kTraits = {
     GgmlTypeTraits{GgmlType::kTQ1_0, "tq1_0", 256, 54},
     GgmlTypeTraits{GgmlType::kTQ2_0, "tq2_0", 256, 66},
     GgmlTypeTraits{GgmlType::kMXFP4, "mxfp4", 32, 17},
+    // moert's: bytes per row and 32-column block of each layout in kernels/ukernel.h
+    // (sizeof(moert_w4_block) / 8 and so on).
+    GgmlTypeTraits{GgmlType::kMoertW4, "moert_w4", 32, 18},
+    GgmlTypeTraits{GgmlType::kMoertW4M, "moert_w4m", 32, 20},
+    GgmlTypeTraits{GgmlType::kMoertW8, "moert_w8", 32, 34},
+    GgmlTypeTraits{GgmlType::kMoertW4S24, "moert_w4s24", 32, 14},
 };
 
 }  // namespace
@@ -59,6 +66,11 @@ const GgmlTypeTraits& TraitsOf(GgmlType type) {
 }
 
 std::string_view GgmlTypeName(GgmlType type) { return TraitsOf(type).name; }
+
+bool IsMoertPackedType(GgmlType type) {
+  return type == GgmlType::kMoertW4 || type == GgmlType::kMoertW4M ||
+         type == GgmlType::kMoertW8 || type == GgmlType::kMoertW4S24;
+}
 
 std::optional<uint64_t> GgmlRowBytes(GgmlType type, uint64_t elements) {
   const GgmlTypeTraits& t = TraitsOf(type);

@@ -1,5 +1,6 @@
 // The ggml tensor types a GGUF file can name: ids, block shapes and names, as llama.cpp
-// defines them. Dequantization lives in format/dequant.h.
+// defines them, plus moert's own packed types (moert-pack's output). Dequantization
+// lives in format/dequant.h (ggml's types) and backend/packing.h (moert's).
 #ifndef MOERT_FORMAT_GGML_TYPES_H_
 #define MOERT_FORMAT_GGML_TYPES_H_
 
@@ -43,6 +44,16 @@ enum class GgmlType : uint32_t {
   kTQ1_0 = 34,
   kTQ2_0 = 35,
   kMXFP4 = 39,
+  // moert extensions, far from ggml's ids: the runtime layouts of kernels/ukernel.h
+  // (8-row tiles of 32-column blocks; docs/formats.md, "Runtime formats"), as
+  // moert-pack writes routed-expert tensors. Their block shape is the per-row share
+  // of a tile block (32 values; 18, 20, 34 and 14 bytes), so sizes compute as for any
+  // ggml type; the values cannot be read without the row count (the tiles), so
+  // format::Dequantize rejects them: backend::DequantizePackedTensor reads them.
+  kMoertW4 = 0x4D0,
+  kMoertW4M = 0x4D1,
+  kMoertW8 = 0x4D2,
+  kMoertW4S24 = 0x4D3,
 };
 
 struct GgmlTypeTraits {
@@ -59,6 +70,10 @@ std::optional<GgmlTypeTraits> LookupGgmlType(uint32_t id);
 const GgmlTypeTraits& TraitsOf(GgmlType type);
 
 std::string_view GgmlTypeName(GgmlType type);
+
+// Whether `type` is one of moert's packed types (kMoertW4 ... kMoertW4S24), whose
+// tensors hold a whole number of 8-row tiles.
+bool IsMoertPackedType(GgmlType type);
 
 // Bytes of a row of `elements` values, or nullopt when `elements` is not a whole
 // number of blocks or the size overflows.

@@ -521,6 +521,15 @@ absl::Status GgufFile::Parse(const GgufLimits& limits) {
                                     traits->block_elements, " of ", traits->name)),
                   context);
     }
+    // moert's packed types hold whole 8-row tiles of each matrix (dims[1] rows;
+    // outer dims stack matrices, each packed on its own), so that the size below
+    // is the tiles' size.
+    if (IsMoertPackedType(t.type) && (t.dims.size() < 2 || t.dims[1] % 8 != 0)) {
+      return fail(absl::InvalidArgumentError(moert::StrCat(
+                      "a ", traits->name, " tensor needs a multiple of 8 rows, got shape [",
+                      moert::StrJoin(t.dims, ", "), "]")),
+                  context);
+    }
     std::optional<uint64_t> n_bytes = GgmlRowBytes(t.type, t.n_elements);
     if (!n_bytes || *n_bytes > kMaxSigned) {
       return fail(absl::InvalidArgumentError(moert::StrCat("the data size of ", t.n_elements, " ",

@@ -1,3 +1,6 @@
 # Sources of src/memory (paths relative to src/).
 list(APPEND MOERT_SOURCES
+  memory/buddy_allocator.cc
+  memory/defragmenter.cc
+  memory/tiered_pool.cc
 )

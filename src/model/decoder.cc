@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "experts/expert_directory.h"
+#include "experts/hot_set.h"
+#include "experts/loader.h"
 
 namespace moert::model {
 
@@ -30,6 +34,30 @@ constexpr int64_t kMaxMicroBatch = 512;
 
 int64_t KeyWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_k; }
 int64_t ValueWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_v; }
+
+uint64_t KvCacheBytes(const ModelSpec& spec, uint64_t positions) {
+  return positions * spec.n_layer * uint64_t(KeyWidth(spec) + ValueWidth(spec)) * sizeof(float);
+}
+
+// What a forward pass of one micro-batch allocates besides the weights and the KV
+// cache, over-estimated: the residual stream and its scratch, q/k/v, the router, the
+// fused expert op (its gathered inputs, hidden activations and per-pair outputs, twice
+// when a batch runs in expert subsets), a shared or dense FFN, and every row's logits.
+uint64_t ScratchBytes(const ModelSpec& spec, uint64_t positions) {
+  const uint64_t n = std::min<uint64_t>(positions, uint64_t(kMaxMicroBatch));
+  const uint64_t e = spec.n_embd;
+  const uint64_t k = std::max<uint64_t>(spec.n_expert_used, 1);
+  const uint64_t ff = std::max<uint64_t>({spec.n_ff_expert, spec.n_ff, 1});
+  const uint64_t pairs = n * k;
+  const uint64_t qkvo = uint64_t(spec.n_head) * (spec.head_dim_k + spec.head_dim_v) +
+                        uint64_t(KeyWidth(spec) + ValueWidth(spec));
+  const uint64_t floats = 3 * n * e + n * qkvo + n * (spec.n_expert + 2 * k) +
+                          pairs * (2 * ff + 3 * e) + n * 3 * spec.n_ff_shared_expert +
+                          n * 2 * spec.n_ff + n * spec.n_vocab;
+  const uint64_t a8 = (n * e + pairs * (e + ff)) * 36 / 32;  // A8 blocks: 36 bytes per 32
+  const uint64_t mib = uint64_t{1} << 20;
+  return (floats * sizeof(float) + a8 + mib - 1) / mib * mib + mib;
+}
 
 }  // namespace
 
@@ -70,15 +98,174 @@ DecoderModel::DecoderModel(ModelSpec spec, int threads) : spec_(std::move(spec))
 
 absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
+  if (options.isa) {
+    MOERT_ASSIGN_OR_RETURN(kernels::KernelConfig config, kernels::KernelConfigFor(*options.isa));
+    pool_.set_kernels(config);
+  }
+  ffn_input_observer_ = options.ffn_input_observer;
+  if (options.memory_budget_bytes > 0 || options.expert_pool_bytes > 0 ||
+      options.expert_pool_fraction != 0) {
+    MOERT_RETURN_IF_ERROR(SetUpExpertPool(file, options));
+  }
+  WeightLoader loader(file, options.progress, options.quantized_kernels);
+  if (expert_cache_ != nullptr) {
+    loader.set_skip_routed_experts(true);
+    loader.set_release_pages(true);
+  }
+  MOERT_RETURN_IF_ERROR(LoadTensors(loader));
+  if (expert_cache_ != nullptr) {
+    for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
+      layers_[il].moe.cache = expert_cache_.get();
+      layers_[il].moe.layer = il;
+    }
+    if (options.hot_set) {
+      hot_set_path_ = options.hot_set_path.empty() ? experts::HotSetPath(file.name())
+                                                   : options.hot_set_path;
+      const experts::ExpertDirectory& dir = expert_cache_->directory();
+      auto hot = experts::ReadHotSet(hot_set_path_,
+                                     {dir.file_size(), dir.n_layer(), dir.n_expert()});
+      if (hot.ok()) {
+        // A failed preload only leaves that expert on disk; its next use reports it.
+        size_t loaded = 0;
+        (void)expert_cache_->Preload(*hot, &loaded);
+        memory_.hot_set_preloaded = loaded;
+      }
+    }
+  }
+  if (options.progress) options.progress(1.0f);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
+                                           const ModelLoadOptions& options) {
+  const double fraction = options.expert_pool_fraction;
+  if (!(fraction >= 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        StrCat("expert_pool_fraction must be in (0, 1], got ", fraction));
+  }
+  if (!options.quantized_kernels) {
+    return absl::UnimplementedError(
+        StrCat(file.name(), ": a memory budget or an expert pool needs the integer kernels "
+                            "(quantized_kernels); the fp32 reference path keeps every expert "
+                            "resident"));
+  }
+  const bool moe = spec_.is_moe();
+  if (!moe && (options.expert_pool_bytes > 0 || fraction > 0)) {
+    return absl::InvalidArgumentError(
+        StrCat(file.name(), ": an expert pool needs a mixture-of-experts model; this one is dense"));
+  }
+  std::optional<experts::ExpertDirectory> directory;
+  if (moe) {
+    MOERT_ASSIGN_OR_RETURN(
+        experts::ExpertDirectory dir,
+        experts::ExpertDirectory::Build(file, static_cast<int>(spec_.n_layer),
+                                        static_cast<int>(spec_.n_expert), spec_.n_embd,
+                                        spec_.n_ff_expert));
+    directory.emplace(std::move(dir));
+  }
+
+  // What stays outside the pool, measured by a dry run of the loading code.
+  WeightLoader measure(file, {}, /*pack=*/true);
+  measure.set_measure_only(true);
+  measure.set_skip_routed_experts(moe);
+  MOERT_RETURN_IF_ERROR(LoadTensors(measure));
+  const uint64_t positions = options.kv_cache_positions > 0
+                                 ? static_cast<uint64_t>(options.kv_cache_positions)
+                                 : uint64_t{spec_.n_ctx_train};
+  memory_.persistent_bytes = measure.measured_bytes();
+  memory_.kv_cache_bytes = KvCacheBytes(spec_, positions);
+  memory_.scratch_bytes = ScratchBytes(spec_, positions);
+  if (directory) {
+    // The loader's staging buffer: three slots of the largest part plus alignment.
+    const uint64_t a = experts::kDirectAlignment;
+    memory_.scratch_bytes +=
+        experts::kExpertParts * ((directory->max_part_file_bytes() + 3 * a - 1) / a * a);
+  }
+  const uint64_t fixed = memory_.persistent_bytes + memory_.kv_cache_bytes + memory_.scratch_bytes;
+  const uint64_t budget = options.memory_budget_bytes;
+  const std::string fixed_text =
+      StrCat("the persistent weights (", memory_.persistent_bytes, " bytes), the KV cache (",
+             memory_.kv_cache_bytes, " bytes for ", positions, " positions) and scratch (",
+             memory_.scratch_bytes, " bytes): ", fixed, " bytes");
+  if (budget > 0 && fixed > budget) {
+    return absl::ResourceExhaustedError(StrCat(file.name(), ": the memory budget of ", budget,
+                                               " bytes cannot hold ", fixed_text,
+                                               ", before any expert"));
+  }
+  if (!moe) {
+    memory_.budget_bytes = budget;
+    return absl::OkStatus();
+  }
+
+  const uint64_t min_block = options.expert_cache.min_block_bytes;
+  const uint64_t block = experts::ExpertCache::BlockBytes(directory->max_runtime_bytes(), min_block);
+  const uint64_t all = directory->expert_count() * block;
+  uint64_t pool = 0;
+  if (options.expert_pool_bytes > 0) {
+    pool = options.expert_pool_bytes;
+  } else if (fraction > 0) {
+    pool = static_cast<uint64_t>(std::ceil(fraction * static_cast<double>(all)));
+    pool = (pool + min_block - 1) / min_block * min_block;
+  } else {
+    pool = budget - fixed;
+  }
+  pool = std::min(pool, all) / min_block * min_block;
+  if (budget > 0 && fixed + pool > budget) {
+    return absl::ResourceExhaustedError(
+        StrCat(file.name(), ": the memory budget of ", budget, " bytes cannot hold an expert pool of ",
+               pool, " bytes on top of ", fixed_text));
+  }
+  const uint64_t k = spec_.n_expert_used;
+  const uint64_t capacity = pool / block;
+  if (capacity < k) {
+    return absl::ResourceExhaustedError(StrCat(
+        file.name(), ": the expert pool of ", pool, " bytes holds ", capacity, " experts (blocks of ",
+        block, " bytes) but one token needs ", k, " experts resident together (", k * block,
+        " bytes)",
+        options.expert_pool_bytes == 0 && fraction == 0
+            ? StrCat("; the pool is what the memory budget of ", budget, " bytes leaves after ",
+                     fixed_text)
+            : std::string()));
+  }
+  experts::ExpertCacheOptions cache_options = options.expert_cache;
+  cache_options.pool_bytes = pool;
+  cache_options.loader.mode = options.io_mode;
+  MOERT_ASSIGN_OR_RETURN(expert_cache_,
+                         experts::ExpertCache::Create(std::move(*directory), cache_options));
+  memory_.expert_pool = true;
+  memory_.budget_bytes = budget > 0 ? budget : fixed + pool;
+  memory_.all_experts_bytes = all;
+  memory_.experts_per_token = k;
+  return absl::OkStatus();
+}
+
+MemoryStats DecoderModel::memory_stats() const {
+  MemoryStats stats = memory_;
+  if (expert_cache_ != nullptr) {
+    stats.pool = expert_cache_->stats();
+    stats.io_mode = std::string(experts::IoModeName(expert_cache_->loader().mode()));
+    stats.io_fallback = expert_cache_->loader().fallback_reason();
+  }
+  return stats;
+}
+
+absl::Status DecoderModel::SaveHotSet() {
+  if (expert_cache_ == nullptr || hot_set_path_.empty()) return absl::OkStatus();
+  const experts::ExpertDirectory& dir = expert_cache_->directory();
+  return experts::WriteHotSet(hot_set_path_, {dir.file_size(), dir.n_layer(), dir.n_expert()},
+                              expert_cache_->HotExperts(expert_cache_->stats().capacity_experts));
+}
+
+absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {
   const int64_t n_embd = spec_.n_embd;
-  WeightLoader loader(file, options.progress);
   MOERT_RETURN_IF_ERROR(
       loader.Load(TensorWeightName(TensorKind::kTokenEmbd), spec_.n_vocab, n_embd, &token_embd_));
   MOERT_RETURN_IF_ERROR(
       loader.LoadVector(TensorWeightName(TensorKind::kOutputNorm), n_embd, &output_norm_));
   if (!spec_.tied_embeddings) {
     MOERT_RETURN_IF_ERROR(
-        loader.Load(TensorWeightName(TensorKind::kOutput), spec_.n_vocab, n_embd, &output_));
+        loader.LoadMatMul(TensorWeightName(TensorKind::kOutput), spec_.n_vocab, n_embd, 1,
+                          &output_));
   }
   MOERT_RETURN_IF_ERROR(loader.LoadOptionalVector(TensorWeightName(TensorKind::kRopeFreqs),
                                                   spec_.n_rot / 2, &rope_freqs_));
@@ -86,7 +273,6 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
   for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
     MOERT_RETURN_IF_ERROR(LoadLayer(loader, il, &layers_[il]));
   }
-  if (options.progress) options.progress(1.0f);
   return absl::OkStatus();
 }
 
@@ -147,15 +333,21 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
     } else if (b + m == n) {
       first_row = m - 1;
     }
-    ForwardBatch(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)), pos0 + b, kv,
-                 first_row, dst);
+    absl::Status status = ForwardBatch(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)),
+                                       pos0 + b, kv, first_row, dst);
+    if (!status.ok()) {
+      kv->set_size(static_cast<int>(pos0));  // the cache as it was
+      return status;
+    }
     kv->set_size(static_cast<int>(pos0 + b + m));
   }
   return absl::OkStatus();
 }
 
-void DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
-                                DecoderKvCache* cache, int64_t first_logit_row, float* logits) {
+absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
+                                        DecoderKvCache* cache, int64_t first_logit_row,
+                                        float* logits) {
+  if (expert_cache_ != nullptr) expert_cache_->BeginStep();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_embd = spec_.n_embd;
   std::vector<float> x(static_cast<size_t>(n * n_embd));
@@ -178,17 +370,20 @@ void DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
   ctx.x = x.data();
   ctx.cur = &cur;
   ctx.out = &out;
+  ctx.ffn_input_observer = &ffn_input_observer_;
   for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
     ctx.k_cache = cache->keys(il);
     ctx.v_cache = cache->values(il);
-    RunLayer(ctx, layers_[il]);
+    ctx.layer = il;
+    MOERT_RETURN_IF_ERROR(RunLayer(ctx, layers_[il]));
   }
 
-  if (first_logit_row >= n) return;
+  if (first_logit_row >= n) return absl::OkStatus();
   const int64_t rows = n - first_logit_row;
   RmsNorm(x.data() + first_logit_row * n_embd, rows, n_embd, output_norm_.data(), spec_.rms_eps,
           cur.data());
   MatMul(pool_, output_.empty() ? token_embd_ : output_, cur.data(), rows, logits);
+  return absl::OkStatus();
 }
 
 absl::Status LoadAttention(WeightLoader& loader, const ModelSpec& spec, int layer,
@@ -199,13 +394,13 @@ absl::Status LoadAttention(WeightLoader& loader, const ModelSpec& spec, int laye
   const int64_t v_width = ValueWidth(spec);
   const int64_t o_width = int64_t{spec.n_head} * spec.head_dim_v;
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kAttnQ, layer), q_width, n_embd, &w->wq));
+      loader.LoadMatMul(TensorWeightName(TensorKind::kAttnQ, layer), q_width, n_embd, 1, &w->wq));
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kAttnK, layer), k_width, n_embd, &w->wk));
+      loader.LoadMatMul(TensorWeightName(TensorKind::kAttnK, layer), k_width, n_embd, 1, &w->wk));
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kAttnV, layer), v_width, n_embd, &w->wv));
+      loader.LoadMatMul(TensorWeightName(TensorKind::kAttnV, layer), v_width, n_embd, 1, &w->wv));
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kAttnOut, layer), n_embd, o_width, &w->wo));
+      loader.LoadMatMul(TensorWeightName(TensorKind::kAttnOut, layer), n_embd, o_width, 1, &w->wo));
   struct Bias {
     TensorKind kind;
     int64_t width;
@@ -232,10 +427,10 @@ absl::Status LoadDenseFfn(WeightLoader& loader, const ModelSpec& spec, int layer
   const int64_t n_embd = spec.n_embd;
   const int64_t n_ff = spec.n_ff;
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kFfnGate, layer), n_ff, n_embd, &w->gate));
+      loader.LoadMatMul(TensorWeightName(TensorKind::kFfnGate, layer), n_ff, n_embd, 1, &w->gate));
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kFfnUp, layer), n_ff, n_embd, &w->up));
-  return loader.Load(TensorWeightName(TensorKind::kFfnDown, layer), n_embd, n_ff, &w->down);
+      loader.LoadMatMul(TensorWeightName(TensorKind::kFfnUp, layer), n_ff, n_embd, 1, &w->up));
+  return loader.LoadMatMul(TensorWeightName(TensorKind::kFfnDown, layer), n_embd, n_ff, 1, &w->down);
 }
 
 absl::Status LoadMoeFfn(WeightLoader& loader, const ModelSpec& spec, int layer, bool shared_expert,
@@ -249,20 +444,28 @@ absl::Status LoadMoeFfn(WeightLoader& loader, const ModelSpec& spec, int layer, 
   w->renormalize = spec.renormalize_topk;
   MOERT_RETURN_IF_ERROR(
       loader.Load(TensorWeightName(TensorKind::kFfnGateInp, layer), n_expert, n_embd, &w->router));
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnGateExps, layer),
-                                    n_expert * n_ff, n_embd, &w->gate_exps));
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnUpExps, layer),
-                                    n_expert * n_ff, n_embd, &w->up_exps));
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnDownExps, layer),
-                                    n_expert * n_embd, n_ff, &w->down_exps));
+  if (loader.skip_routed_experts()) {
+    // In the expert pool: loaded on demand (experts::ExpertCache).
+    for (TensorKind kind :
+         {TensorKind::kFfnGateExps, TensorKind::kFfnUpExps, TensorKind::kFfnDownExps}) {
+      MOERT_RETURN_IF_ERROR(loader.Check(TensorWeightName(kind, layer), n_expert * n_ff * n_embd));
+    }
+  } else {
+    MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnGateExps, layer),
+                                            n_expert * n_ff, n_embd, n_expert, &w->gate_exps));
+    MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnUpExps, layer),
+                                            n_expert * n_ff, n_embd, n_expert, &w->up_exps));
+    MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnDownExps, layer),
+                                            n_expert * n_embd, n_ff, n_expert, &w->down_exps));
+  }
   if (!shared_expert) return absl::OkStatus();
   const int64_t n_shared = spec.n_ff_shared_expert;
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnGateShexp, layer), n_shared,
-                                    n_embd, &w->shared.gate));
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnUpShexp, layer), n_shared,
-                                    n_embd, &w->shared.up));
-  MOERT_RETURN_IF_ERROR(loader.Load(TensorWeightName(TensorKind::kFfnDownShexp, layer), n_embd,
-                                    n_shared, &w->shared.down));
+  MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnGateShexp, layer), n_shared,
+                                    n_embd, 1, &w->shared.gate));
+  MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnUpShexp, layer), n_shared,
+                                    n_embd, 1, &w->shared.up));
+  MOERT_RETURN_IF_ERROR(loader.LoadMatMul(TensorWeightName(TensorKind::kFfnDownShexp, layer), n_embd,
+                                    n_shared, 1, &w->shared.down));
   return loader.Load(TensorWeightName(TensorKind::kFfnGateInpShexp, layer), 1, n_embd,
                      &w->shared_gate);
 }
@@ -335,17 +538,21 @@ absl::Status PreNormDecoderModel::LoadLayer(WeightLoader& loader, int layer,
   return LoadDenseFfn(loader, spec(), layer, &w->ffn);
 }
 
-void PreNormDecoderModel::RunLayer(LayerContext& ctx, const LayerWeights& w) {
+absl::Status PreNormDecoderModel::RunLayer(LayerContext& ctx, const LayerWeights& w) {
   NormInto(ctx, w.attn_norm, ctx.cur);
   RunAttention(ctx, w.attn, attention_, ctx.cur->data(), ctx.out->data());
   AddResidual(ctx, *ctx.out);
   NormInto(ctx, w.ffn_norm, ctx.cur);
+  if (ctx.ffn_input_observer != nullptr && *ctx.ffn_input_observer) {
+    (*ctx.ffn_input_observer)(ctx.layer, ctx.n_tokens, ctx.cur->data());
+  }
   if (spec().is_moe()) {
-    MoeFfn(*ctx.pool, w.moe, ctx.cur->data(), ctx.n_tokens, ctx.out->data());
+    MOERT_RETURN_IF_ERROR(MoeFfn(*ctx.pool, w.moe, ctx.cur->data(), ctx.n_tokens, ctx.out->data()));
   } else {
     SwiGluFfn(*ctx.pool, w.ffn, ctx.cur->data(), ctx.n_tokens, ctx.out->data());
   }
   AddResidual(ctx, *ctx.out);
+  return absl::OkStatus();
 }
 
 }  // namespace moert::model

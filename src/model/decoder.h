@@ -6,13 +6,16 @@
 #define MOERT_MODEL_DECODER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "experts/expert_cache.h"
 #include "format/arch.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
@@ -56,6 +59,9 @@ struct LayerContext {
   float* v_cache = nullptr;           // this layer's values, [capacity][n_head_kv * head_dim_v]
   std::vector<float>* cur = nullptr;  // scratch [n_tokens][n_embd]
   std::vector<float>* out = nullptr;  // scratch [n_tokens][n_embd]
+  int layer = 0;                      // index of the layer being run
+  // ModelLoadOptions::ffn_input_observer (null or empty: none).
+  const std::function<void(int, int64_t, const float*)>* ffn_input_observer = nullptr;
 };
 
 // Blocks for the architecture files.
@@ -86,21 +92,32 @@ class DecoderModel : public Model {
   absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int n_ctx) const override;
   absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
                        std::vector<float>* logits) override;
+  MemoryStats memory_stats() const override;
+  absl::Status SaveHotSet() override;
 
-  // Loads every tensor (called once by Model::Load).
+  // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
+  // sizes them first and sets up the pool (ModelLoadOptions).
   absl::Status LoadWeights(const format::GgufFile& file, const ModelLoadOptions& options);
+
+  // The expert pool's cache; null without one. For tests (fault injection) and stats.
+  experts::ExpertCache* expert_cache() { return expert_cache_.get(); }
 
  protected:
   DecoderModel(format::ModelSpec spec, int threads);
 
   virtual absl::Status LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) = 0;
-  // Runs ctx.n_tokens tokens through one layer, updating ctx.x.
-  virtual void RunLayer(LayerContext& ctx, const LayerWeights& w) = 0;
+  // Runs ctx.n_tokens tokens through one layer, updating ctx.x. Fails only when an
+  // expert cannot be loaded from the pool.
+  virtual absl::Status RunLayer(LayerContext& ctx, const LayerWeights& w) = 0;
 
  private:
+  // Loads (or, in measure mode, sizes) every tensor through `loader`.
+  absl::Status LoadTensors(WeightLoader& loader);
+  // Sizes the budget and creates the expert pool (LoadWeights with a pool).
+  absl::Status SetUpExpertPool(const format::GgufFile& file, const ModelLoadOptions& options);
   // Runs one micro-batch; logits for its rows [first_logit_row, n) go to `logits`.
-  void ForwardBatch(std::span<const int32_t> tokens, int64_t pos0, DecoderKvCache* cache,
-                    int64_t first_logit_row, float* logits);
+  absl::Status ForwardBatch(std::span<const int32_t> tokens, int64_t pos0, DecoderKvCache* cache,
+                            int64_t first_logit_row, float* logits);
 
   format::ModelSpec spec_;
   ThreadPool pool_;
@@ -109,6 +126,11 @@ class DecoderModel : public Model {
   Matrix output_;                  // empty when tied to token_embd_
   std::vector<float> rope_freqs_;  // empty when absent
   std::vector<LayerWeights> layers_;
+  std::function<void(int, int64_t, const float*)> ffn_input_observer_;
+  // With a budget or a pool: its sizing (the pool's live figures come from the cache).
+  MemoryStats memory_;
+  std::unique_ptr<experts::ExpertCache> expert_cache_;
+  std::string hot_set_path_;  // empty: no hot set
 };
 
 // The pre-norm block every supported architecture uses: x += Attention(Norm(x));
@@ -126,7 +148,7 @@ class PreNormDecoderModel final : public DecoderModel {
 
  protected:
   absl::Status LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) override;
-  void RunLayer(LayerContext& ctx, const LayerWeights& w) override;
+  absl::Status RunLayer(LayerContext& ctx, const LayerWeights& w) override;
 
  private:
   const AttentionOptions attention_;

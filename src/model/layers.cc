@@ -3,12 +3,15 @@
 // of every sum is the one written here.
 #include "model/layers.h"
 
-#include <pthreadpool.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
+
+#include "absl/status/statusor.h"
+#include "core/status.h"
+#include "experts/expert_cache.h"
 
 namespace moert::model {
 namespace {
@@ -115,30 +118,7 @@ void MatMulTile(MatrixView w, const float* x, int64_t t0, int64_t t1, int64_t r0
 // over the threads.
 constexpr int64_t kRowsPerTask = 16;
 
-void Trampoline(void* context, size_t i) {
-  (*static_cast<absl::FunctionRef<void(size_t)>*>(context))(i);
-}
-
 }  // namespace
-
-ThreadPool::ThreadPool(int threads) {
-  if (threads == 1) return;
-  pool_ = pthreadpool_create(threads < 0 ? 1 : static_cast<size_t>(threads));
-  threads_ = pool_ == nullptr ? 1 : static_cast<int>(pthreadpool_get_threads_count(pool_));
-}
-
-ThreadPool::~ThreadPool() {
-  if (pool_ != nullptr) pthreadpool_destroy(pool_);
-}
-
-void ThreadPool::ParallelFor(size_t n, absl::FunctionRef<void(size_t)> fn) {
-  if (pool_ == nullptr || n <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  // Idle workers yield rather than spin: the cores may be shared with other work.
-  pthreadpool_parallelize_1d(pool_, &Trampoline, &fn, n, PTHREADPOOL_FLAG_YIELD_WORKERS);
-}
 
 float Dot(const float* a, const float* b, int64_t n) {
   const float* as[1] = {a};
@@ -153,7 +133,9 @@ void MatMul(ThreadPool& pool, MatrixView w, const float* x, int64_t n, float* y)
   MatMuls(pool, {&job, 1});
 }
 
-void MatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
+namespace {
+
+void FloatMatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
   // Task i of the dispatch is row tile i - first_task[j] of job j.
   std::vector<size_t> first_task(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -171,6 +153,36 @@ void MatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
     // 2 rows x 2 tokens reuses each load twice and keeps 8 accumulators in registers.
     MatMulTile<2, 2>(job.w, job.x, 0, job.n, r0, r1, job.y, job.w.rows);
   });
+}
+
+}  // namespace
+
+void MatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
+  std::vector<MatMulJob> float_jobs;
+  std::vector<backend::QMatMulJob> packed_jobs;
+  // One A8 copy per distinct input (q/k/v share theirs).
+  std::vector<std::unique_ptr<backend::A8Matrix>> inputs;
+  std::vector<const float*> input_of;
+  for (const MatMulJob& job : jobs) {
+    if (job.n == 0) continue;
+    if (job.w.data != nullptr || job.w.packed.empty()) {
+      float_jobs.push_back(job);
+      continue;
+    }
+    size_t i = 0;
+    while (i < input_of.size() && !(input_of[i] == job.x && inputs[i]->n() == job.n &&
+                                     inputs[i]->k() == job.w.cols)) {
+      ++i;
+    }
+    if (i == input_of.size()) {
+      inputs.push_back(std::make_unique<backend::A8Matrix>());
+      inputs.back()->Quantize(pool.kernels(), pool, job.x, job.n, job.w.cols);
+      input_of.push_back(job.x);
+    }
+    packed_jobs.push_back({job.w.packed, inputs[i].get(), job.y});
+  }
+  if (!packed_jobs.empty()) backend::QMatMuls(pool, pool.kernels(), packed_jobs);
+  if (!float_jobs.empty()) FloatMatMuls(pool, float_jobs);
 }
 
 void RmsNorm(const float* x, int64_t n_rows, int64_t width, const float* weight, float eps,
@@ -271,7 +283,24 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+namespace {
+
+// The fused op's view of packed FFN weights (empty views when not packed).
+backend::FfnView PackedFfn(MatrixView gate, MatrixView up, MatrixView down) {
+  return {gate.packed, up.packed, down.packed};
+}
+
+}  // namespace
+
 void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n, float* out) {
+  const backend::FfnView fused = PackedFfn(w.gate, w.up, w.down);
+  if (backend::CanFuse(fused)) {
+    backend::A8Matrix xq;
+    xq.Quantize(pool.kernels(), pool, x, n, w.gate.cols);
+    backend::FusedFfn(pool, pool.kernels(), xq, 1, nullptr, nullptr,
+                      [&](int) { return fused; }, w.down.rows, out);
+    return;
+  }
   const int64_t ff = w.gate.rows;
   std::vector<float> gate(static_cast<size_t>(n * ff)), up(static_cast<size_t>(n * ff));
   const MatMulJob jobs[2] = {{w.gate, x, n, gate.data()}, {w.up, x, n, up.data()}};
@@ -281,15 +310,18 @@ void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n,
 }
 
 MatrixView MoeWeights::Gate(int e) const {
+  if (!gate_exps.packed.empty()) return gate_exps.packed.group(e);
   return MatrixView(gate_exps.data.data() + int64_t{e} * n_ff * gate_exps.cols, n_ff,
                     gate_exps.cols);
 }
 
 MatrixView MoeWeights::Up(int e) const {
+  if (!up_exps.packed.empty()) return up_exps.packed.group(e);
   return MatrixView(up_exps.data.data() + int64_t{e} * n_ff * up_exps.cols, n_ff, up_exps.cols);
 }
 
 MatrixView MoeWeights::Down(int e) const {
+  if (!down_exps.packed.empty()) return down_exps.packed.group(e);
   const int64_t n_embd = down_exps.rows / n_expert;
   return MatrixView(down_exps.data.data() + int64_t{e} * n_embd * n_ff, n_embd, n_ff);
 }
@@ -321,7 +353,101 @@ void RouteToken(const float* router_logits, int n_expert, int n_used, bool renor
   }
 }
 
-void MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n, float* out) {
+namespace {
+
+// The routed experts of a batch from the expert pool (see MoeFfn in layers.h).
+absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend::A8Matrix& xq,
+                           const int* chosen, const float* weights, int64_t n_embd, float* out) {
+  experts::ExpertCache& cache = *w.cache;
+  const int k = w.n_used;
+  const int64_t pairs = xq.n() * k;
+  // The batch's distinct experts, resident ones first: hits are pinned before a miss
+  // can evict anything.
+  std::vector<int> distinct(chosen, chosen + pairs);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::stable_partition(distinct.begin(), distinct.end(),
+                        [&](int e) { return cache.IsResident(w.layer, e); });
+
+  std::vector<backend::FfnView> views(static_cast<size_t>(w.n_expert));
+  const auto view = [&](int e) { return views[static_cast<size_t>(e)]; };
+  std::vector<int> subset;  // acquired (pinned) and not yet run
+  const auto release = [&] {
+    for (int e : subset) cache.Release(w.layer, e);
+    subset.clear();
+  };
+  // Unweighted expert outputs of every (token, slot) pair, when the batch is split.
+  std::vector<float> pair_out;
+  const auto run_subset = [&] {
+    std::vector<bool> in_subset(static_cast<size_t>(w.n_expert), false);
+    for (int e : subset) in_subset[static_cast<size_t>(e)] = true;
+    std::vector<int64_t> pair_ids, rows;
+    std::vector<int> expert_of;
+    for (int64_t p = 0; p < pairs; ++p) {
+      if (!in_subset[static_cast<size_t>(chosen[p])]) continue;
+      pair_ids.push_back(p);
+      rows.push_back(p / k);
+      expert_of.push_back(chosen[p]);
+    }
+    // One row per pair, k = 1 and no weights: FusedFfn writes each pair's expert
+    // output, computed exactly as within the whole batch (same rows per expert, same
+    // order).
+    backend::A8Matrix xg;
+    xg.Gather(xq, rows);
+    std::vector<float> y(pair_ids.size() * static_cast<size_t>(n_embd));
+    backend::FusedFfn(pool, pool.kernels(), xg, 1, expert_of.data(), nullptr, view, n_embd,
+                      y.data());
+    for (size_t i = 0; i < pair_ids.size(); ++i) {
+      std::copy(y.begin() + static_cast<int64_t>(i) * n_embd,
+                y.begin() + static_cast<int64_t>(i + 1) * n_embd,
+                pair_out.begin() + pair_ids[i] * n_embd);
+    }
+  };
+
+  for (int e : distinct) {
+    absl::StatusOr<backend::FfnView> acquired = cache.Acquire(w.layer, e);
+    if (!acquired.ok() && absl::IsResourceExhausted(acquired.status()) && !subset.empty()) {
+      // The pool is full of this batch's pinned experts: run them, let them go, go on.
+      pair_out.resize(static_cast<size_t>(pairs * n_embd));
+      run_subset();
+      release();
+      acquired = cache.Acquire(w.layer, e);
+    }
+    if (!acquired.ok()) {
+      release();
+      return acquired.status();
+    }
+    views[static_cast<size_t>(e)] = *acquired;
+    subset.push_back(e);
+  }
+  if (pair_out.empty()) {
+    // Everything fitted: the fused op over the whole batch, as for resident experts.
+    backend::FusedFfn(pool, pool.kernels(), xq, k, chosen, weights, view, n_embd, out);
+    release();
+    return absl::OkStatus();
+  }
+  run_subset();
+  release();
+  // FusedFfn's weighted sum, in slot order.
+  pool.ParallelFor(static_cast<size_t>(xq.n()), [&](size_t t) {
+    float* o = out + static_cast<int64_t>(t) * n_embd;
+    for (int s = 0; s < k; ++s) {
+      const int64_t pair = static_cast<int64_t>(t) * k + s;
+      const float* y = pair_out.data() + pair * n_embd;
+      if (s == 0) {
+        for (int64_t j = 0; j < n_embd; ++j) o[j] = weights[pair] * y[j];
+      } else {
+        for (int64_t j = 0; j < n_embd; ++j) o[j] = o[j] + weights[pair] * y[j];
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
+                    float* out) {
   const int64_t n_embd = w.router.cols;
   const int k = w.n_used;
   std::vector<float> logits(static_cast<size_t>(n * w.n_expert));
@@ -331,6 +457,33 @@ void MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n, fl
   for (int64_t t = 0; t < n; ++t) {
     RouteToken(logits.data() + t * w.n_expert, w.n_expert, k, w.renormalize, chosen.data() + t * k,
                weights.data() + t * k);
+  }
+
+  if (w.cache != nullptr || backend::CanFuse(PackedFfn(w.Gate(0), w.Up(0), w.Down(0)))) {
+    // The integer kernels: x quantized once, each expert's gate/up/down fused.
+    backend::A8Matrix xq;
+    xq.Quantize(pool.kernels(), pool, x, n, n_embd);
+    if (w.cache != nullptr) {
+      MOERT_RETURN_IF_ERROR(
+          PooledExperts(pool, w, xq, chosen.data(), weights.data(), n_embd, out));
+    } else {
+      backend::FusedFfn(
+          pool, pool.kernels(), xq, k, chosen.data(), weights.data(),
+          [&](int e) { return PackedFfn(w.Gate(e), w.Up(e), w.Down(e)); }, n_embd, out);
+    }
+    if (!w.shared.empty()) {
+      std::vector<float> shared_out(static_cast<size_t>(n * n_embd));
+      std::vector<float> gate_logit(static_cast<size_t>(n));
+      SwiGluFfn(pool, w.shared, x, n, shared_out.data());
+      MatMul(pool, w.shared_gate, x, n, gate_logit.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const float g = Sigmoid(gate_logit[t]);
+        for (int64_t i = 0; i < n_embd; ++i) {
+          out[t * n_embd + i] += shared_out[t * n_embd + i] * g;
+        }
+      }
+    }
+    return absl::OkStatus();
   }
 
   // The (token, slot) pairs sorted by expert: expert e's group is rows
@@ -409,6 +562,7 @@ void MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n, fl
       }
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace moert::model

@@ -15,52 +15,59 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "backend/qmatmul.h"
+#include "core/thread_pool.h"
 #include "format/arch.h"
+#include "kernels/config.h"
 
-struct pthreadpool;
+namespace moert::experts {
+class ExpertCache;
+}  // namespace moert::experts
 
 namespace moert::model {
 
-// The compute threads of one model (pthreadpool; the caller's thread takes part).
-class ThreadPool {
+// The compute context of one model: its threads and the microkernels its quantized
+// matmuls use (kernels::GetKernelConfig() unless the model was loaded with another).
+class ThreadPool : public core::ThreadPool {
  public:
-  // `threads` >= 1; 0 means one per core.
-  explicit ThreadPool(int threads);
-  ~ThreadPool();
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
-
-  int threads() const { return threads_; }
-
-  // Calls fn(i) for every i in [0, n), spread over the threads. Calls must write
-  // disjoint outputs; which thread runs which i is unspecified.
-  void ParallelFor(size_t n, absl::FunctionRef<void(size_t)> fn);
+  explicit ThreadPool(int threads)
+      : core::ThreadPool(threads), kernels_(kernels::GetKernelConfig()) {}
+  const kernels::KernelConfig& kernels() const { return kernels_; }
+  void set_kernels(const kernels::KernelConfig& config) { kernels_ = config; }
 
  private:
-  pthreadpool* pool_ = nullptr;  // null: run on the caller's thread
-  int threads_ = 1;
+  kernels::KernelConfig kernels_;
 };
 
-// A row-major fp32 matrix that owns its values; a weight of `rows` outputs by `cols`
-// inputs. A 1-D weight (a norm, a bias) is one row.
+// A weight of `rows` outputs by `cols` inputs that owns its values: row-major fp32,
+// or (`packed` not empty, `data` empty) in a runtime layout for the integer kernels,
+// where a stacked expert tensor is one packed group per expert. A 1-D weight (a norm,
+// a bias) is one row.
 struct Matrix {
   std::vector<float> data;
+  backend::PackedMatrix packed;
   int64_t rows = 0;
   int64_t cols = 0;
 
-  bool empty() const { return data.empty(); }
+  bool empty() const { return data.empty() && packed.empty(); }
   const float* row(int64_t r) const { return data.data() + r * cols; }
 };
 
-// A borrowed row-major matrix (one expert's slice of a stacked expert tensor).
+// A borrowed matrix (one expert's slice of a stacked expert tensor): fp32 `data`, or
+// `packed` when `data` is null.
 struct MatrixView {
   const float* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  backend::PackedView packed;
 
   MatrixView() = default;
   MatrixView(const float* d, int64_t r, int64_t c) : data(d), rows(r), cols(c) {}
-  MatrixView(const Matrix& m) : data(m.data.data()), rows(m.rows), cols(m.cols) {}  // NOLINT
+  MatrixView(const backend::PackedView& p) : rows(p.rows), cols(p.cols), packed(p) {}  // NOLINT
+  MatrixView(const Matrix& m)  // NOLINT
+      : data(m.packed.empty() ? m.data.data() : nullptr), rows(m.rows), cols(m.cols),
+        packed(m.packed.empty() ? backend::PackedView{} : m.packed.group(0)) {}
 };
 
 // The dot product every matmul and attention score uses: two 4-lane partial sums
@@ -71,7 +78,9 @@ float Dot(const float* a, const float* b, int64_t n);
 void MatMul(ThreadPool& pool, MatrixView w, const float* x, int64_t n, float* y);
 
 // Several independent matmuls in one dispatch to the threads (q/k/v, all experts):
-// fewer hand-offs, which matters most when the cores are shared.
+// fewer hand-offs, which matters most when the cores are shared. Packed weights run on
+// the integer kernels, each distinct input quantized to A8 once for all the jobs that
+// read it; fp32 weights on the reference dot product.
 struct MatMulJob {
   MatrixView w;
   const float* x = nullptr;
@@ -148,6 +157,10 @@ struct MoeWeights {
   Matrix down_exps;    // [n_expert * n_embd][n_ff]
   FfnWeights shared;   // empty: no shared expert
   Matrix shared_gate;  // [1][n_embd], with `shared`
+  // Routed experts in an expert pool (model loaded with a memory budget): layer
+  // `layer` of `cache` holds them, and gate_exps/up_exps/down_exps stay empty.
+  experts::ExpertCache* cache = nullptr;
+  int layer = 0;
 
   MatrixView Gate(int e) const;
   MatrixView Up(int e) const;
@@ -162,7 +175,15 @@ void RouteToken(const float* router_logits, int n_expert, int n_used, bool renor
 
 // out: [n][n_embd] for x: [n][n_embd]. Tokens are grouped by expert, one matmul per
 // expert over its group; each token's expert outputs are summed in routing order.
-void MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n, float* out);
+//
+// With an expert pool (w.cache), each chosen expert is acquired from the cache (loaded
+// on a miss) and pinned while it computes. When the batch's distinct experts do not
+// all fit in the pool at once, they run in subsets that do, each (token, slot) pair's
+// expert output is kept, and the per-token sums are then made in slot order: the same
+// arithmetic as backend::FusedFfn, so the output is bit-identical to fully resident
+// experts. A failed load returns its Status (nothing stays pinned).
+absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
+                    float* out);
 
 }  // namespace moert::model
 

@@ -8,13 +8,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "experts/expert_cache.h"
+#include "experts/io_mode.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
+#include "kernels/config.h"
 
 namespace moert::model {
 
@@ -33,8 +38,71 @@ struct ModelLoadOptions {
   // Compute threads (pthreadpool; the calling thread is one of them); 0: one per core;
   // negative: InvalidArgument. Results do not depend on it, bit for bit.
   int threads = 1;
+  // Quantized tensors (Q4_0, Q4_1, Q4_K, Q8_0, Q5_*, Q6_K, ...) run on the integer
+  // microkernels (repacked at load into W4/W4M/W8, activations quantized to int8 per
+  // 32-block); F32/F16/BF16 tensors, norms, routers and embeddings stay fp32. false:
+  // everything is dequantized to fp32 (the reference path, the oracle).
+  bool quantized_kernels = true;
+  // The kernels' ISA for this model (tests compare them); unset: kernels::GetKernelConfig()
+  // (the best this CPU runs, or MOERT_ISA). FailedPrecondition when unavailable.
+  std::optional<kernels::Isa> isa;
   // Called during loading with the fraction done in [0, 1].
   std::function<void(float)> progress;
+  // Called during Forward, on the calling thread, with each layer's feed-forward
+  // input (the normed residual stream the router and the experts multiply):
+  // `n_tokens` rows of n_embd values. For calibration (moert-pack --calib); may be
+  // empty.
+  std::function<void(int layer, int64_t n_tokens, const float* x)> ffn_input_observer;
+
+  // --- Memory budget and expert pool. Setting any of the first three puts the routed
+  // experts of a MoE model in an expert pool: loaded on demand from the file (through
+  // the loader thread, `io_mode`), evicted when the pool is full, with logits bit for
+  // bit those of a fully resident model. None set: every expert is loaded at start.
+  // The pool needs quantized_kernels (the fp32 reference path keeps every expert
+  // resident: Unimplemented) and quantized expert tensors (Unimplemented naming the
+  // tensor otherwise).
+  //
+  // Everything the model holds, in bytes: persistent weights (all but the routed
+  // experts), the KV cache of `kv_cache_positions`, scratch (activations of a
+  // micro-batch, the loader's staging buffer; an estimate) and the expert pool; 0: no
+  // budget. ResourceExhausted naming the numbers when the persistent part alone does
+  // not fit. Without expert_pool_bytes or expert_pool_fraction the pool gets the rest.
+  uint64_t memory_budget_bytes = 0;
+  // The expert pool's bytes; 0: from expert_pool_fraction or the budget.
+  uint64_t expert_pool_bytes = 0;
+  // The pool as a fraction in (0, 1] of what all routed experts take in it (each one a
+  // pool block: its runtime bytes rounded up to a power of two): 1 holds every expert,
+  // 0.25 a quarter of them. 0: unset.
+  double expert_pool_fraction = 0;
+  // How the loader reads experts (experts/io_mode.h).
+  experts::IoMode io_mode = experts::IoMode::kDirect;
+  // The KV cache positions the budget sets aside (the context the caller will use);
+  // 0: the model's training context.
+  int kv_cache_positions = 0;
+  // The hot set (experts/hot_set.h): with a pool, read at load (its experts are loaded
+  // first, up to the pool's size) and written by Model::SaveHotSet. `hot_set_path`
+  // empty: MODEL.gguf.moert-hot beside the model file.
+  bool hot_set = false;
+  std::string hot_set_path;
+  // The expert cache's tuning (tests); pool_bytes and the loader's mode are set from
+  // the fields above.
+  experts::ExpertCacheOptions expert_cache;
+};
+
+// The model's memory: the budget in force and, with an expert pool, its state and
+// counters. All zero for a model without a budget or pool.
+struct MemoryStats {
+  bool expert_pool = false;       // routed experts are loaded on demand into a pool
+  uint64_t budget_bytes = 0;      // given, or derived: persistent + KV + scratch + pool
+  uint64_t persistent_bytes = 0;  // weights outside the pool
+  uint64_t kv_cache_bytes = 0;    // set aside for kv_cache_positions
+  uint64_t scratch_bytes = 0;     // estimate: activations and the staging buffer
+  uint64_t all_experts_bytes = 0; // what every routed expert would take in the pool
+  uint64_t experts_per_token = 0; // k: experts one token needs resident together
+  std::string io_mode;            // in force ("direct", "buffered", "mmap")
+  std::string io_fallback;        // why it is not the one asked for; empty when it is
+  uint64_t hot_set_preloaded = 0; // experts the hot set loaded at start
+  experts::ExpertCacheStats pool; // the pool now and its counters
 };
 
 enum class LogitsFor {
@@ -65,9 +133,17 @@ class Model {
   // when the positions would pass the cache's capacity; InvalidArgument for an empty
   // batch, a token id outside the vocabulary or a cache another model made. On error
   // the cache is unchanged. A batch gives the same logits, bit for bit, as its tokens
-  // one at a time.
+  // one at a time. With an expert pool, a failed expert load (DataLoss naming the
+  // layer, expert and file offset) fails the call the same way: the cache is unchanged
+  // and the next call may succeed.
   virtual absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
                                std::vector<float>* logits) = 0;
+
+  // The budget and the expert pool (zeros without them).
+  virtual MemoryStats memory_stats() const { return {}; }
+  // Writes the hot set (the most used experts, as many as the pool holds) when the
+  // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
+  virtual absl::Status SaveHotSet() { return absl::OkStatus(); }
 };
 
 }  // namespace moert::model

@@ -106,6 +106,23 @@ moert_finish_reason FromFinish(moert::FinishReason reason) {
   return MOERT_FINISH_NONE;
 }
 
+// Changes one field of the runtime's options for the next load.
+template <typename Change>
+moert_status SetOption(moert_runtime* runtime, const char* function, Change&& change) {
+  if (runtime == nullptr) return NullArgument(nullptr, function, "runtime");
+  return Guard(&runtime->last_error, function, [&]() -> moert_status {
+    moert::RuntimeOptions options = runtime->runtime->options();
+    change(options);
+    const moert::Status status = runtime->runtime->SetOptions(options);
+    if (!status.ok()) {
+      return Fail(&runtime->last_error, static_cast<moert_status>(status.code()),
+                  std::string(function) + ": " + status.message());
+    }
+    runtime->last_error.clear();
+    return MOERT_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -357,6 +374,65 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->decode_tokens_per_second = s.decode_tokens_per_second;
     stats->peak_rss_bytes = s.peak_rss_bytes;
     stats->finish_reason = FromFinish(s.finish_reason);
+    return MOERT_OK;
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
+moert_status moert_runtime_set_memory_budget(moert_runtime* runtime, int64_t bytes) {
+  return SetOption(runtime, "moert_runtime_set_memory_budget",
+                   [&](moert::RuntimeOptions& o) { o.memory_budget_bytes = bytes; });
+}
+
+moert_status moert_runtime_set_expert_pool_bytes(moert_runtime* runtime, int64_t bytes) {
+  return SetOption(runtime, "moert_runtime_set_expert_pool_bytes",
+                   [&](moert::RuntimeOptions& o) { o.expert_pool_bytes = bytes; });
+}
+
+moert_status moert_runtime_set_expert_pool_fraction(moert_runtime* runtime, double fraction) {
+  return SetOption(runtime, "moert_runtime_set_expert_pool_fraction",
+                   [&](moert::RuntimeOptions& o) { o.expert_pool_fraction = fraction; });
+}
+
+moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_io_mode mode) {
+  return SetOption(runtime, "moert_runtime_set_io_mode", [&](moert::RuntimeOptions& o) {
+    // An unknown value stays unknown, and SetOptions rejects it.
+    o.io_mode = mode == MOERT_IO_DIRECT     ? moert::IoMode::kDirect
+                : mode == MOERT_IO_BUFFERED ? moert::IoMode::kBuffered
+                : mode == MOERT_IO_MMAP     ? moert::IoMode::kMmap
+                                            : static_cast<moert::IoMode>(mode);
+  });
+}
+
+moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled) {
+  return SetOption(runtime, "moert_runtime_set_hot_set",
+                   [&](moert::RuntimeOptions& o) { o.hot_set = enabled != 0; });
+}
+
+moert_status moert_runtime_save_hot_set(moert_runtime* runtime) {
+  constexpr char kName[] = "moert_runtime_save_hot_set";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    return Report(&runtime->last_error, runtime->runtime->SaveHotSet());
+  });
+}
+
+moert_status moert_session_memory_stats(const moert_session* session, moert_memory_stats* stats) {
+  constexpr char kName[] = "moert_session_memory_stats";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  if (stats == nullptr) return NullArgument(nullptr, kName, "stats");
+  try {
+    const moert::GenerationStats s = session->session->Stats();
+    stats->budget_bytes = s.budget_bytes;
+    stats->expert_pool_bytes = s.expert_pool_bytes;
+    stats->expert_pool_used_bytes = s.expert_pool_used_bytes;
+    stats->expert_pool_free_bytes = s.expert_pool_free_bytes;
+    stats->expert_pool_fragmentation = s.expert_pool_fragmentation;
+    stats->expert_hit_rate = s.expert_hit_rate;
+    stats->expert_bytes_read_per_token = s.expert_bytes_read_per_token;
+    stats->expert_stall_ms_per_token = s.expert_stall_ms_per_token;
+    stats->peak_rss_bytes = s.peak_rss_bytes;
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;

@@ -27,6 +27,12 @@ Status FromAbsl(const absl::Status& status);
 struct LoadedModel {
   LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t)
       : model(std::move(m)), tokenizer(std::move(t)) {}
+  // Unloading saves the hot set (a no-op without an expert pool or with hot_set off).
+  ~LoadedModel() {
+    if (model != nullptr) (void)model->SaveHotSet();
+  }
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
 
   std::unique_ptr<model::Model> model;
   tokenizer::Tokenizer tokenizer;
@@ -62,6 +68,10 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   Impl(std::shared_ptr<runtime::LoadedModel> model, std::unique_ptr<model::KvCache> cache,
        bool stateless)
       : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {}
+  // A session's end saves the model's hot set (see RuntimeOptions::hot_set).
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   Status AddMessage(std::string role, std::string content);
   Status Generate(const GenerateRequest& request, const TokenCallback& on_token,
@@ -89,6 +99,8 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   absl::Status Forward(std::span<const int32_t> tokens);
   absl::Status RunGeneration(const GenerateRequest& request, const TokenCallback& on_token,
                              GenerateResult* result);
+  // The model's memory figures, read between other sessions' steps.
+  model::MemoryStats MemoryStats() const;
 
   std::shared_ptr<runtime::LoadedModel> model_;
   std::unique_ptr<model::KvCache> cache_;
@@ -98,6 +110,7 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;
   GenerationStats stats_;
+  int64_t evaluated_tokens_ = 0;  // tokens run through the model by this Generate
 };
 
 }  // namespace moert

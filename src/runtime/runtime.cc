@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "experts/io_mode.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
 #include "model/chat_template.h"
@@ -74,6 +76,18 @@ class ProgressReporter {
   float last_ = 0.0f;
 };
 
+experts::IoMode ToExpertsIoMode(IoMode mode) {
+  switch (mode) {
+    case IoMode::kDirect:
+      return experts::IoMode::kDirect;
+    case IoMode::kBuffered:
+      return experts::IoMode::kBuffered;
+    case IoMode::kMmap:
+      return experts::IoMode::kMmap;
+  }
+  return experts::IoMode::kDirect;
+}
+
 absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
                                                   const RuntimeOptions& options,
                                                   const ProgressCallback& progress) {
@@ -98,6 +112,16 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   model::ModelLoadOptions load_options;
   load_options.threads = options.threads;
   load_options.progress = [&reporter](float fraction) { reporter.Report(fraction); };
+  load_options.memory_budget_bytes = static_cast<uint64_t>(options.memory_budget_bytes);
+  load_options.expert_pool_bytes = static_cast<uint64_t>(options.expert_pool_bytes);
+  load_options.expert_pool_fraction = options.expert_pool_fraction;
+  load_options.io_mode = ToExpertsIoMode(options.io_mode);
+  load_options.hot_set = options.hot_set;
+  // The budget sets the KV cache aside for the context sessions will get.
+  if (auto spec = format::ReadModelSpec(gguf); spec.ok()) {
+    load_options.kv_cache_positions =
+        options.context_length > 0 ? options.context_length : static_cast<int>(spec->n_ctx_train);
+  }
   auto model = model::Model::Load(gguf, load_options);
   if (!model.ok()) return WithPath(model.status(), path);
   const format::ModelSpec& spec = (*model)->spec();
@@ -147,26 +171,66 @@ struct MOERT_RUNTIME_HIDDEN MoERuntime::Impl {
 MoERuntime::MoERuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MoERuntime::~MoERuntime() = default;
 
+namespace {
+
+// Create's and SetOptions' checks; fills in the thread count.
+Status CheckOptions(RuntimeOptions* options) {
+  if (options->threads < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("threads must be >= 0 (0: one per CPU), got ", options->threads));
+  }
+  if (options->context_length < 0) {
+    return Status(
+        StatusCode::kInvalidArgument,
+        StrCat("context_length must be >= 0 (0: the model's), got ", options->context_length));
+  }
+  if (options->memory_budget_bytes < 0 || options->expert_pool_bytes < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("memory_budget_bytes and expert_pool_bytes must be >= 0 (0: unset), got ",
+                         options->memory_budget_bytes, " and ", options->expert_pool_bytes));
+  }
+  if (!(options->expert_pool_fraction >= 0 && options->expert_pool_fraction <= 1)) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("expert_pool_fraction must be in (0, 1] (0: unset), got ",
+                         options->expert_pool_fraction));
+  }
+  if (options->io_mode != IoMode::kDirect && options->io_mode != IoMode::kBuffered &&
+      options->io_mode != IoMode::kMmap) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("unknown io_mode ", static_cast<int>(options->io_mode)));
+  }
+  if (options->threads == 0) {
+    options->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status MoERuntime::Create(const RuntimeOptions& options, std::unique_ptr<MoERuntime>* runtime) {
   if (runtime == nullptr) {
     return Status(StatusCode::kInvalidArgument, "MoERuntime::Create: runtime is null");
   }
-  if (options.threads < 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  StrCat("threads must be >= 0 (0: one per CPU), got ", options.threads));
-  }
-  if (options.context_length < 0) {
-    return Status(
-        StatusCode::kInvalidArgument,
-        StrCat("context_length must be >= 0 (0: the model's), got ", options.context_length));
-  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  if (impl->options.threads == 0) {
-    impl->options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  if (Status status = CheckOptions(&impl->options); !status.ok()) return status;
   runtime->reset(new MoERuntime(std::move(impl)));
   return Status();
+}
+
+Status MoERuntime::SetOptions(const RuntimeOptions& options) {
+  RuntimeOptions checked = options;
+  if (Status status = CheckOptions(&checked); !status.ok()) return status;
+  impl_->options = checked;
+  return Status();
+}
+
+Status MoERuntime::SaveHotSet() {
+  if (impl_->model == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "no model is loaded: call LoadModel first");
+  }
+  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
+  return runtime::FromAbsl(impl_->model->model->SaveHotSet());
 }
 
 Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& progress) {

@@ -149,7 +149,18 @@ absl::Status Session::Impl::FitPrompt(const GenerateRequest& request, Prompt* pr
 
 absl::Status Session::Impl::Forward(std::span<const int32_t> tokens) {
   std::lock_guard<std::mutex> lock(model_->forward_mutex);
+  evaluated_tokens_ += static_cast<int64_t>(tokens.size());
   return model_->model->Forward(tokens, cache_.get(), model::LogitsFor::kLast, &logits_);
+}
+
+Session::Impl::~Impl() {
+  std::lock_guard<std::mutex> lock(model_->forward_mutex);
+  (void)model_->model->SaveHotSet();
+}
+
+model::MemoryStats Session::Impl::MemoryStats() const {
+  std::lock_guard<std::mutex> lock(model_->forward_mutex);
+  return model_->model->memory_stats();
 }
 
 size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target) const {
@@ -331,9 +342,30 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   GenerateResult* out = result != nullptr ? result : &local;
   *out = GenerateResult();
   stats_ = GenerationStats();
+  evaluated_tokens_ = 0;
+  const model::MemoryStats before = MemoryStats();
   const absl::Status status = RunGeneration(request, on_token, out);
   stats_.finish_reason = out->finish_reason;
   stats_.peak_rss_bytes = runtime::PeakRssBytes();
+  const model::MemoryStats after = MemoryStats();
+  stats_.budget_bytes = static_cast<int64_t>(after.budget_bytes);
+  if (after.expert_pool) {
+    const experts::ExpertCacheStats& p = after.pool;
+    const experts::ExpertCacheStats& p0 = before.pool;
+    stats_.expert_pool_bytes = static_cast<int64_t>(p.pool_bytes);
+    stats_.expert_pool_used_bytes = static_cast<int64_t>(p.used_bytes);
+    stats_.expert_pool_free_bytes = static_cast<int64_t>(p.free_bytes);
+    stats_.expert_pool_fragmentation = p.fragmentation;
+    const uint64_t hits = p.hits - p0.hits;
+    const uint64_t needed = hits + p.misses - p0.misses;
+    stats_.expert_hit_rate = needed > 0 ? static_cast<double>(hits) / static_cast<double>(needed) : 0;
+    if (evaluated_tokens_ > 0) {
+      const double tokens = static_cast<double>(evaluated_tokens_);
+      stats_.expert_bytes_read_per_token =
+          static_cast<double>(p.bytes_loaded - p0.bytes_loaded) / tokens;
+      stats_.expert_stall_ms_per_token = static_cast<double>(p.stall_ns - p0.stall_ns) / 1e6 / tokens;
+    }
+  }
   return runtime::FromAbsl(status);
 }
 

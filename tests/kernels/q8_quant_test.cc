@@ -86,6 +86,32 @@ TEST_P(Q8QuantTest, MatchesScalarBitForBit) {
   }
 }
 
+// Exact ties after scaling, which random inputs never produce: every variant must round
+// them half to even, as the reference does.
+TEST_P(Q8QuantTest, TiesMatchScalar) {
+  auto config = KernelConfigFor(GetParam());
+  if (!config.ok()) GTEST_SKIP() << config.status().message();
+  if (config->q8_quant.isa != GetParam()) {
+    GTEST_SKIP() << "no q8-quant kernel for " << IsaName(GetParam());
+  }
+  std::vector<float> x(64);
+  // Scale 1 (amax 127): 0.5, -1, 1.5, -2, ... (odd j are ties).
+  x[0] = 127.0f;
+  for (int j = 1; j < 32; ++j) x[j] = (j % 2 ? 0.5f : -0.5f) * static_cast<float>(j);
+  // Scale 0.5 (amax 63.5): x * 2 = (j - 48) / 2, a tie for every odd j.
+  x[32] = -63.5f;
+  for (int j = 33; j < 64; ++j) x[j] = 0.25f * static_cast<float>(j - 48);
+  std::vector<moert_a8_block> got(2), want(2);
+  config->q8_quant.quant(x.size(), x.data(), got.data());
+  moert_q8_quant_ukernel__scalar(x.size(), x.data(), want.data());
+  ASSERT_EQ(want[0].d, 1.0f);
+  ASSERT_EQ(want[1].d, 0.5f);
+  EXPECT_EQ(want[0].qs[1], 0);  // 0.5 rounds to 0, 1.5 to 2
+  EXPECT_EQ(want[0].qs[3], 2);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(moert_a8_block)), 0)
+      << IsaName(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kNeonDot,
                                            Isa::kNeonI8mm, Isa::kSme2),
@@ -102,6 +128,30 @@ TEST(KernelConfigTest, ParsesIsaNames) {
   EXPECT_FALSE(ParseIsa("avx512").ok());
   EXPECT_EQ(AvailableIsas().front(), Isa::kScalar);
   EXPECT_TRUE(KernelConfigFor(Isa::kScalar).ok());
+}
+
+// The scalar config is what every variant is checked against, on every machine: it
+// must not pick up a faster ISA's kernels.
+TEST(KernelConfigTest, ScalarConfigHoldsOnlyScalarKernels) {
+  auto config = KernelConfigFor(Isa::kScalar);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->q8_quant.quant, &moert_q8_quant_ukernel__scalar);
+  EXPECT_EQ(config->q8_quant.isa, Isa::kScalar);
+  const struct {
+    const GemmConfig& family;
+    moert_qgemm_ukernel_fn gemv, gemm;
+  } kFamilies[] = {
+      {config->q4, moert_q4_gemv_ukernel_1x8__scalar, moert_q4_gemm_ukernel_4x8__scalar},
+      {config->q4m, moert_q4m_gemv_ukernel_1x8__scalar, moert_q4m_gemm_ukernel_4x8__scalar},
+      {config->q8, moert_q8_gemv_ukernel_1x8__scalar, moert_q8_gemm_ukernel_4x8__scalar},
+      {config->q4s24, moert_q4s24_gemv_ukernel_1x8__scalar, moert_q4s24_gemm_ukernel_4x8__scalar},
+  };
+  for (const auto& f : kFamilies) {
+    EXPECT_EQ(f.family.gemv, f.gemv);
+    EXPECT_EQ(f.family.gemm, f.gemm);
+    EXPECT_EQ(f.family.gemv_isa, Isa::kScalar);
+    EXPECT_EQ(f.family.gemm_isa, Isa::kScalar);
+  }
 }
 
 }  // namespace

@@ -35,7 +35,9 @@ class QGemmTest : public ::testing::TestWithParam<Param> {
                      (op == Op::kGemv ? " GEMV" : " GEMM") + " kernel for " + IsaName(isa);
       return false;
     }
-    const GemmConfig& scalar = FamilyOf(*KernelConfigFor(Isa::kScalar), format);
+    // Held in a named variable: FamilyOf returns a reference into the config.
+    const absl::StatusOr<KernelConfig> scalar_config = KernelConfigFor(Isa::kScalar);
+    const GemmConfig& scalar = FamilyOf(*scalar_config, format);
     *kernel = op == Op::kGemv ? family.gemv : family.gemm;
     *reference = op == Op::kGemv ? scalar.gemv : scalar.gemm;
     *mr = op == Op::kGemv ? 1 : family.mr;
@@ -90,6 +92,19 @@ TEST_P(QGemmTest, ExtremeValues) {
   if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
   const WeightFormat format = std::get<0>(GetParam());
   QGemmTester().format(format).m(mr).n(16).kb(8).extreme(true).seed(3).Test(kernel, reference);
+}
+
+// Weights at the ends of their range times activation blocks of +-127: the largest
+// partial sums any kernel forms (maddubs pairs, int16 reduction trees) must stay exact.
+TEST_P(QGemmTest, ExtremeWeights) {
+  moert_qgemm_ukernel_fn kernel, reference;
+  uint32_t mr;
+  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
+  const WeightFormat format = std::get<0>(GetParam());
+  for (size_t m = 1; m <= mr; ++m) {
+    QGemmTester().format(format).m(m).n(24).kb(4).extreme_weights(true).seed(5).Test(
+        kernel, reference);
+  }
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {

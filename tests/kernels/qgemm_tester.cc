@@ -91,6 +91,35 @@ std::vector<uint8_t> RandomWeights(WeightFormat f, size_t n, size_t kb, std::mt1
   return bytes;
 }
 
+// Sets every live weight of `bytes` (RandomWeights' layout) to the end of its range:
+// rows alternate between the low and the high end; padding rows stay zero.
+void MakeWeightsExtreme(WeightFormat f, size_t n, size_t kb, std::vector<uint8_t>& bytes) {
+  const size_t tiles = (n + MOERT_NR - 1) / MOERT_NR;
+  for (size_t t = 0; t < tiles; ++t) {
+    for (size_t b = 0; b < kb; ++b) {
+      uint8_t* p = bytes.data() + (t * kb + b) * BlockBytes(f);
+      for (int r = 0; r < MOERT_NR; ++r) {
+        if (t * MOERT_NR + static_cast<size_t>(r) >= n) continue;
+        const bool high = r % 2 != 0;
+        switch (f) {
+          case WeightFormat::kW4:
+            std::memset(reinterpret_cast<moert_w4_block*>(p)->qs[r], high ? 0xFF : 0x00, 16);
+            break;
+          case WeightFormat::kW4M:
+            std::memset(reinterpret_cast<moert_w4m_block*>(p)->qs[r], 0xFF, 16);
+            break;
+          case WeightFormat::kW8:
+            std::memset(reinterpret_cast<moert_w8_block*>(p)->qs[r], high ? 0x7F : 0x80, 32);
+            break;
+          case WeightFormat::kW4S24:
+            std::memset(reinterpret_cast<moert_w4s24_block*>(p)->qs[r], high ? 0xFF : 0x00, 8);
+            break;
+        }
+      }
+    }
+  }
+}
+
 // The dequantized value of row r (within its tile), column j of a block.
 double WeightValue(WeightFormat f, const uint8_t* block, int r, int j) {
   switch (f) {
@@ -158,12 +187,13 @@ const GemmConfig& FamilyOf(const KernelConfig& config, WeightFormat f) {
 std::string QGemmTester::Describe() const {
   return StrCat(WeightFormatName(format_), " m=", m_, " n=", n_, " k=", kb_ * MOERT_QK,
                 " a_pad_blocks=", a_pad_blocks_, " c_pad=", c_pad_, " seed=", seed_,
-                extreme_ ? " extreme" : "");
+                extreme_ ? " extreme" : "", extreme_weights_ ? " extreme_weights" : "");
 }
 
 void QGemmTester::Test(moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn reference) const {
   std::mt19937 rng(seed_);
-  const std::vector<uint8_t> w = RandomWeights(format_, n_, kb_, rng);
+  std::vector<uint8_t> w = RandomWeights(format_, n_, kb_, rng);
+  if (extreme_weights_) MakeWeightsExtreme(format_, n_, kb_, w);
 
   // Activations: random floats quantized by the scalar reference.
   const size_t a_row_blocks = kb_ + a_pad_blocks_;
@@ -176,6 +206,10 @@ void QGemmTester::Test(moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn ref
       // Saturate whole blocks at +-127 so sums reach their extremes.
       for (size_t j = 0; j < x.size(); ++j) x[j] = (j % 3 == 0) ? -50.0f : 50.0f;
       x[0] = 50.0f;
+    }
+    if (extreme_weights_) {
+      // One value a block (all +127 or all -127 after quantization), alternating.
+      for (size_t j = 0; j < x.size(); ++j) x[j] = (j / MOERT_QK + i) % 2 == 0 ? 50.0f : -50.0f;
     }
     moert_q8_quant_ukernel__scalar(x.size(), x.data(), a.data() + i * a_row_blocks);
   }

@@ -35,6 +35,11 @@ class QGemmTester {
   // Activations drawn from a wider range, so that int16 intermediate sums saturate in a
   // kernel that gets its overflow handling wrong.
   QGemmTester& extreme(bool v) { extreme_ = v; return *this; }
+  // Every weight at the end of its range (W4/W4S24 nibble 0 or 15, W4M 15, W8 -128 or
+  // 127, alternating by row) against activation blocks of one value, +127 or -127
+  // (alternating by block): drives the byte products and the int16 partial sums of the
+  // kernels to their largest magnitudes (e.g. a maddubs pair of 2 * 128 * 127 for W8).
+  QGemmTester& extreme_weights(bool v) { extreme_weights_ = v; return *this; }
 
   // Runs `kernel` and `reference` (the family's scalar kernel) on the same inputs and
   // checks them with gtest EXPECT_*, naming the shape on failure.
@@ -51,6 +56,7 @@ class QGemmTester {
   size_t c_pad_ = 0;
   uint32_t seed_ = 1;
   bool extreme_ = false;
+  bool extreme_weights_ = false;
 };
 
 }  // namespace moert::kernels::testing

@@ -648,7 +648,7 @@ TEST(Blocks, SharedExpertIsAddedScaledBySigmoidOfItsGate) {
   m.shared_gate = MakeMatrix(1, 2, {0.5f, -1});
   const float x[2] = {1, 2};
   float out[2];
-  MoeFfn(pool, m, x, 1, out);
+  ASSERT_TRUE(MoeFfn(pool, m, x, 1, out).ok());
   // Router logits [0, 3]: expert 1 with weight softmax = e^3 / (1 + e^3), not renormalised.
   const double p1 = std::exp(3.0) / (1 + std::exp(3.0));
   const double routed = SiluD(2) * 2;  // expert 1: silu(x1) * 2 x0
@@ -660,7 +660,7 @@ TEST(Blocks, SharedExpertIsAddedScaledBySigmoidOfItsGate) {
   // Renormalised, a single expert has weight 1.
   m.renormalize = true;
   m.shared = FfnWeights();
-  MoeFfn(pool, m, x, 1, out);
+  ASSERT_TRUE(MoeFfn(pool, m, x, 1, out).ok());
   EXPECT_NEAR(out[0], 0, 1e-6);
   EXPECT_NEAR(out[1], -routed, 1e-5);
 }

@@ -35,7 +35,9 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 
-// Each model file is loaded once for the whole binary (threads: 1, or 2 for "#2").
+// Each model file is loaded once for the whole binary (threads: 1, or 2 for "#2"), on
+// the reference path: these tests pin down the fp32 oracle. The integer kernels'
+// path is kernels_forward_test.cc's.
 const Loaded& Get(const std::string& name, int threads = 1) {
   static std::map<std::string, std::unique_ptr<Loaded>>* cache =
       new std::map<std::string, std::unique_ptr<Loaded>>();
@@ -51,6 +53,7 @@ const Loaded& Get(const std::string& name, int threads = 1) {
   loaded->tokenizer.emplace(std::move(*tok));
   ModelLoadOptions options;
   options.threads = threads;
+  options.quantized_kernels = false;
   auto model = Model::Load(*loaded->file, options);
   EXPECT_TRUE(model.ok()) << model.status();
   loaded->model = std::move(*model);

@@ -256,6 +256,71 @@ int main(int argc, char** argv) {
   moert_session_destroy(NULL);
   moert_runtime_destroy(NULL);
 
+  /* An expert pool (the q4_0 model on the integer kernels): the same greedy tokens
+   * as with every expert resident, and the memory figures. */
+  {
+    char q4_path[4096];
+    int32_t resident[32];
+    int n_resident;
+    int i;
+    moert_memory_stats memory;
+    snprintf(q4_path, sizeof(q4_path), "%s/models/tiny-moe-shakespeare-q4_0.gguf", argv[1]);
+    params.max_tokens = 16;
+    options.threads = 1;
+    options.context_length = 64;
+    CHECK_STATUS(moert_runtime_create(&options, &runtime), MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model(runtime, q4_path, NULL, NULL), MOERT_OK);
+    CHECK_STATUS(moert_session_create(runtime, &session), MOERT_OK);
+    reset_tokens(&tokens, 0);
+    CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+    n_resident = tokens.n_ids;
+    CHECK(n_resident > 0 && n_resident <= 16);
+    for (i = 0; i < n_resident; ++i) resident[i] = tokens.ids[i];
+    CHECK_STATUS(moert_session_memory_stats(session, &memory), MOERT_OK);
+    CHECK(memory.budget_bytes == 0 && memory.expert_pool_bytes == 0);
+    moert_session_destroy(session);
+
+    CHECK_STATUS(moert_runtime_set_memory_budget(NULL, 0), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_memory_budget(runtime, -1), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(runtime), "memory_budget_bytes") != NULL);
+    CHECK_STATUS(moert_runtime_set_expert_pool_bytes(runtime, -1), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 2.0), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(runtime), "expert_pool_fraction") != NULL);
+    CHECK_STATUS(moert_runtime_set_io_mode(runtime, (moert_io_mode)7), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_hot_set(runtime, 0), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_io_mode(runtime, MOERT_IO_BUFFERED), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.25), MOERT_OK);
+    CHECK(strcmp(moert_last_error(runtime), "") == 0);
+    /* A budget too small for the weights outside the pool. */
+    CHECK_STATUS(moert_runtime_set_memory_budget(runtime, 1 << 20), MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model(runtime, q4_path, NULL, NULL),
+                 MOERT_RESOURCE_EXHAUSTED);
+    CHECK(strstr(moert_last_error(runtime), "memory budget") != NULL);
+    CHECK_STATUS(moert_runtime_set_memory_budget(runtime, 0), MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model(runtime, q4_path, NULL, NULL), MOERT_OK);
+    CHECK_STATUS(moert_session_create(runtime, &session), MOERT_OK);
+    reset_tokens(&tokens, 0);
+    CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+    CHECK(tokens.n_ids == n_resident);
+    for (i = 0; i < n_resident && i < tokens.n_ids; ++i) CHECK(tokens.ids[i] == resident[i]);
+    CHECK_STATUS(moert_session_memory_stats(NULL, &memory), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_session_memory_stats(session, NULL), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_session_memory_stats(session, &memory), MOERT_OK);
+    CHECK(memory.expert_pool_bytes > 0);
+    CHECK(memory.budget_bytes > memory.expert_pool_bytes);
+    CHECK(memory.expert_pool_used_bytes > 0);
+    CHECK(memory.expert_pool_used_bytes + memory.expert_pool_free_bytes ==
+          memory.expert_pool_bytes);
+    CHECK(memory.expert_hit_rate >= 0.0 && memory.expert_hit_rate < 1.0);
+    CHECK(memory.expert_bytes_read_per_token > 0.0);
+    CHECK(memory.expert_stall_ms_per_token >= 0.0);
+    CHECK(memory.peak_rss_bytes > 0);
+    CHECK_STATUS(moert_runtime_save_hot_set(runtime), MOERT_OK); /* off: nothing written */
+    CHECK_STATUS(moert_runtime_save_hot_set(NULL), MOERT_INVALID_ARGUMENT);
+    moert_session_destroy(session);
+    moert_runtime_destroy(runtime);
+  }
+
   if (g_failures != 0) {
     fprintf(stderr, "c_api_test: %d check(s) failed\n", g_failures);
     return 1;

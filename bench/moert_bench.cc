@@ -1,0 +1,851 @@
+// moert-bench: prefill and decode speed of a GGUF model, measured and reported as
+// llama.cpp's llama-bench does, so the numbers compare directly: one warm-up, then
+// -r repetitions of each test, tokens/s as the mean and the sample standard
+// deviation over the repetitions; `-o json` prints llama-bench's JSON records (plus
+// moert's own fields), `-o md` its table. Results go to stdout, progress to stderr.
+//
+// Tests (each in its own KV cache, sized for the test):
+//   ppN  one Forward over N random token ids in an empty cache (n_gen 0);
+//   tgN  N one-token Forwards from an empty cache (n_prompt 0).
+// Warm-up as llama-bench does it: the whole prompt for ppN, one token for tgN.
+//
+// --synthetic SHAPE benchmarks a model moert-synth's generator makes on the spot
+// (synth.h), written to a temporary file that is removed once loaded.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kernels/config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "core/strings.h"
+#include "experts/io_mode.h"
+#include "format/arch.h"
+#include "format/ggml_types.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "moert/version.h"
+#include "synth.h"
+
+namespace {
+
+using moert::StrAppend;
+using moert::StrCat;
+
+constexpr char kTool[] = "moert-bench";
+
+// --- Options -------------------------------------------------------------------------
+
+enum class OutputFormat { kJson, kMarkdown };
+
+struct Params {
+  std::string model_path;
+  const moert::synth::Shape* synthetic = nullptr;
+  std::string synthetic_out;  // empty: a temporary file
+  std::optional<moert::format::GgmlType> synthetic_type;
+  uint32_t synthetic_layers = 0;  // 0: all of the shape's
+  int n_prompt = 512;
+  int n_gen = 128;
+  int repetitions = 5;
+  int threads = 0;  // 0: one per core
+  OutputFormat output = OutputFormat::kMarkdown;
+  // Memory budget (model::ModelLoadOptions): 0 = unset.
+  uint64_t memory_budget_mb = 0;
+  uint64_t expert_pool_mb = 0;
+  double expert_pool_fraction = 0;
+  moert::experts::IoMode io = moert::experts::IoMode::kDirect;
+};
+
+constexpr int kMaxTokens = 1 << 20;
+
+// A usage error: what was wrong with which argument.
+struct UsageError {
+  std::string message;
+};
+
+std::optional<int> ParseInt(std::string_view text, int min, int max) {
+  if (text.empty() || text.size() > 10) return std::nullopt;
+  size_t i = text[0] == '-' ? 1 : 0;
+  if (i == text.size()) return std::nullopt;
+  int64_t v = 0;
+  for (; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return std::nullopt;
+    v = v * 10 + (text[i] - '0');
+  }
+  if (text[0] == '-') v = -v;
+  if (v < min || v > max) return std::nullopt;
+  return static_cast<int>(v);
+}
+
+// One command-line flag. Adding a flag is adding an entry to Flags(): the parser and
+// the usage text both come from the table.
+struct Flag {
+  std::string_view short_name;  // "-p", or empty
+  std::string_view long_name;   // "--n-prompt"
+  std::string_view value_name;  // "N"; empty for a switch
+  std::string_view help;
+  // Applies the value (empty for a switch); an error message names what is wrong.
+  std::function<std::optional<std::string>(std::string_view value, Params& p)> apply;
+};
+
+// A setter for an int flag in [min, max]; `what` describes the expected value.
+auto IntSetter(int Params::*field, int min, int max, std::string_view what) {
+  return [=](std::string_view value, Params& p) -> std::optional<std::string> {
+    std::optional<int> v = ParseInt(value, min, max);
+    if (!v) return StrCat("expected ", what, " from ", min, " to ", max);
+    p.*field = *v;
+    return std::nullopt;
+  };
+}
+
+const std::vector<Flag>& Flags() {
+  static const std::vector<Flag> flags = {
+      {"-m", "--model", "FILE", "GGUF model to benchmark",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.model_path = std::string(v);
+         return std::nullopt;
+       }},
+      {"-p", "--n-prompt", "N", "prompt tokens of the prefill test, 0: none (default 512)",
+       IntSetter(&Params::n_prompt, 0, kMaxTokens, "a number of tokens")},
+      {"-n", "--n-gen", "N", "tokens of the decode test, 0: none (default 128)",
+       IntSetter(&Params::n_gen, 0, kMaxTokens, "a number of tokens")},
+      {"-r", "--repetitions", "N", "timed runs of each test (default 5)",
+       IntSetter(&Params::repetitions, 1, 1000000, "a number of repetitions")},
+      {"-t", "--threads", "N", "compute threads, 0: one per core (default 0)",
+       IntSetter(&Params::threads, 0, 1024, "a number of threads")},
+      {"-o", "--output", "FORMAT", "json or md (default md)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         if (v == "json") {
+           p.output = OutputFormat::kJson;
+         } else if (v == "md") {
+           p.output = OutputFormat::kMarkdown;
+         } else {
+           return std::string("expected json or md");
+         }
+         return std::nullopt;
+       }},
+      {"", "--synthetic", "SHAPE",
+       "benchmark a synthetic model of this shape instead of -m\n"
+       "(tiny, olmoe-1b-7b, qwen15-moe-a27b, mixtral-8x7b)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.synthetic = moert::synth::FindShape(v);
+         if (p.synthetic == nullptr) {
+           return StrCat("unknown shape (known: ", moert::synth::ShapeNames(), ")");
+         }
+         return std::nullopt;
+       }},
+      {"", "--type", "TYPE", "matrix type of the synthetic model (default q4_0)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.synthetic_type = moert::synth::FindMatrixType(v);
+         if (!p.synthetic_type) {
+           return StrCat("unsupported type (supported: ", moert::synth::MatrixTypeNames(), ")");
+         }
+         return std::nullopt;
+       }},
+      {"", "--layers", "N", "only the first N layers of the synthetic model (default: all)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::optional<int> n = ParseInt(v, 1, 4096);
+         if (!n) return std::string("expected a number of layers from 1 to 4096");
+         p.synthetic_layers = static_cast<uint32_t>(*n);
+         return std::nullopt;
+       }},
+      {"", "--synthetic-out", "FILE",
+       "keep the synthetic model in FILE\n(default: a temporary file, removed once loaded)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         if (v.empty()) return std::string("expected a file name");
+         p.synthetic_out = std::string(v);
+         return std::nullopt;
+       }},
+      {"", "--expert-pool-mb", "N",
+       "keep the routed experts in an expert pool of N MiB,\nloaded on demand (default: all resident)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::optional<int> n = ParseInt(v, 1, 1 << 30);
+         if (!n) return std::string("expected a number of MiB >= 1");
+         p.expert_pool_mb = static_cast<uint64_t>(*n);
+         return std::nullopt;
+       }},
+      {"", "--expert-pool", "FRACTION",
+       "an expert pool of this fraction (0, 1] of what all\nrouted experts take (1: all fit)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         const std::string text(v);
+         char* end = nullptr;
+         const double f = std::strtod(text.c_str(), &end);
+         if (text.empty() || *end != '\0' || !(f > 0 && f <= 1)) {
+           return std::string("expected a fraction in (0, 1]");
+         }
+         p.expert_pool_fraction = f;
+         return std::nullopt;
+       }},
+      {"", "--memory-budget-mb", "N",
+       "everything the model may hold, in MiB (the pool\ngets what the weights, KV cache and scratch leave)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::optional<int> n = ParseInt(v, 1, 1 << 30);
+         if (!n) return std::string("expected a number of MiB >= 1");
+         p.memory_budget_mb = static_cast<uint64_t>(*n);
+         return std::nullopt;
+       }},
+      {"", "--io", "MODE", "how pooled experts are read: direct, buffered or mmap\n(default direct)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::optional<moert::experts::IoMode> mode = moert::experts::ParseIoMode(v);
+         if (!mode) return std::string("expected direct, buffered or mmap");
+         p.io = *mode;
+         return std::nullopt;
+       }},
+  };
+  return flags;
+}
+
+std::string Usage() {
+  std::string out =
+      "usage: moert-bench (-m FILE | --synthetic SHAPE) [options]\n"
+      "\n"
+      "Prefill (ppN) and decode (tgN) speed, measured as llama-bench measures it: one\n"
+      "warm-up, then -r repetitions; tokens/s as mean +/- standard deviation.\n"
+      "Results go to stdout (-o json: llama-bench's JSON records), progress to stderr.\n"
+      "\n";
+  for (const Flag& f : Flags()) {
+    std::string names = f.short_name.empty() ? StrCat("    ", f.long_name)
+                                             : StrCat(f.short_name, ", ", f.long_name);
+    if (!f.value_name.empty()) StrAppend(&names, " ", f.value_name);
+    // Continuation lines of the help (after '\n') line up under its first line.
+    std::string help(f.help);
+    for (size_t at = help.find('\n'); at != std::string::npos; at = help.find('\n', at + 1)) {
+      help.insert(at + 1, std::string(29, ' '));
+    }
+    out += absl::StrFormat("  %-26s %s\n", names, help);
+  }
+  out += absl::StrFormat("  %-26s %s\n", "-h, --help", "show this help");
+  out +=
+      "\n"
+      "Environment: MOERT_ISA=scalar|avx2|neondot|neoni8mm|sme2 forces the kernels' ISA;\n"
+      "the `isa` field reports the one in use.\n";
+  return out;
+}
+
+// Parses argv into `p`; nullopt with p filled, or the usage error. Sets *help for -h.
+std::optional<UsageError> ParseArgs(int argc, char** argv, Params& p, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      *help = true;
+      return std::nullopt;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : Flags()) {
+      if (arg == f.short_name || arg == f.long_name) flag = &f;
+    }
+    if (flag == nullptr) return UsageError{StrCat("unknown argument '", arg, "'")};
+    std::string_view value;
+    if (!flag->value_name.empty()) {
+      if (i + 1 >= argc) return UsageError{StrCat("missing ", flag->value_name, " after ", arg)};
+      value = argv[++i];
+    }
+    if (std::optional<std::string> error = flag->apply(value, p)) {
+      return UsageError{StrCat("invalid value '", value, "' for ", arg, ": ", *error)};
+    }
+  }
+  if (*help) return std::nullopt;
+  if (p.model_path.empty() && p.synthetic == nullptr) {
+    return UsageError{"no model: give -m FILE or --synthetic SHAPE"};
+  }
+  if (!p.model_path.empty() && p.synthetic != nullptr) {
+    return UsageError{"give either -m FILE or --synthetic SHAPE, not both"};
+  }
+  if (p.synthetic == nullptr &&
+      (p.synthetic_type || p.synthetic_layers > 0 || !p.synthetic_out.empty())) {
+    return UsageError{"--type, --layers and --synthetic-out need --synthetic SHAPE"};
+  }
+  if (p.n_prompt == 0 && p.n_gen == 0) return UsageError{"nothing to run: -p and -n are both 0"};
+  if (p.expert_pool_mb > 0 && p.expert_pool_fraction > 0) {
+    return UsageError{"give either --expert-pool-mb or --expert-pool, not both"};
+  }
+  return std::nullopt;
+}
+
+// --- What is benchmarked -------------------------------------------------------------
+
+// llama.cpp's llama_model_ftype_name for general.file_type.
+std::string FileTypeName(uint64_t file_type) {
+  switch (file_type) {
+    case 0:
+      return "all F32";
+    case 1:
+      return "F16";
+    case 2:
+      return "Q4_0";
+    case 3:
+      return "Q4_1";
+    case 7:
+      return "Q8_0";
+    case 8:
+      return "Q5_0";
+    case 9:
+      return "Q5_1";
+    case 10:
+      return "Q2_K - Medium";
+    case 11:
+      return "Q3_K - Small";
+    case 12:
+      return "Q3_K - Medium";
+    case 13:
+      return "Q3_K - Large";
+    case 14:
+      return "Q4_K - Small";
+    case 15:
+      return "Q4_K - Medium";
+    case 16:
+      return "Q5_K - Small";
+    case 17:
+      return "Q5_K - Medium";
+    case 18:
+      return "Q6_K";
+    case 32:
+      return "BF16";
+    default:
+      return StrCat("ftype ", file_type);
+  }
+}
+
+std::string Upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The model as llama-bench describes it.
+struct ModelInfo {
+  std::string filename;
+  std::string type;       // "<arch> <params> <file type>", like llama_model_desc
+  uint64_t size = 0;      // bytes of tensor data
+  uint64_t n_params = 0;  // elements of all tensors
+};
+
+std::string ParamsLabel(uint64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) return absl::StrFormat("%.1fB", v * 1e-9);
+  return absl::StrFormat("%.0fM", v * 1e-6);
+}
+
+ModelInfo DescribeModel(const moert::format::GgufFile& file, std::string filename) {
+  ModelInfo info;
+  info.filename = std::move(filename);
+  // The most common matrix type, for a file without general.file_type (llama.cpp
+  // guesses the same way).
+  std::array<uint64_t, 64> type_count{};
+  for (const moert::format::GgufTensorInfo& t : file.tensors()) {
+    info.size += t.n_bytes;
+    info.n_params += t.n_elements;
+    const auto type = static_cast<size_t>(t.type);
+    if (t.dims.size() >= 2 && type < type_count.size()) ++type_count[type];
+  }
+  std::string arch = "unknown";
+  if (auto a = file.GetString("general.architecture"); a.ok()) arch = std::string(*a);
+  std::string ftype;
+  if (auto f = file.GetUint("general.file_type"); f.ok()) {
+    ftype = FileTypeName(*f);
+  } else {
+    const size_t most = static_cast<size_t>(std::max_element(type_count.begin(), type_count.end()) -
+                                            type_count.begin());
+    ftype = StrCat(Upper(moert::format::GgmlTypeName(static_cast<moert::format::GgmlType>(most))),
+                   " (guessed)");
+  }
+  info.type = StrCat(arch, " ", ParamsLabel(info.n_params), " ", ftype);
+  return info;
+}
+
+// --- The host ------------------------------------------------------------------------
+
+std::string CpuInfo() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  std::string hardware;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    std::string value = line.substr(colon + 1);
+    value.erase(0, std::min(value.find_first_not_of(' '), value.size()));
+    if (key == "model name" && !value.empty()) return value;
+    if (key == "Hardware" && hardware.empty()) hardware = value;
+  }
+  return hardware.empty() ? "unknown" : hardware;
+}
+
+uint64_t PeakRssBytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+#ifdef __APPLE__
+  return static_cast<uint64_t>(usage.ru_maxrss);  // bytes on macOS
+#else
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
+#endif
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// --- Measuring -----------------------------------------------------------------------
+
+struct TestResult {
+  int n_prompt = 0;
+  int n_gen = 0;
+  std::string test_time;
+  std::vector<uint64_t> samples_ns;
+  uint64_t peak_rss_bytes = 0;
+  // The model's memory after the test, and what its expert pool did during the timed
+  // repetitions (model::MemoryStats; zeros without a pool).
+  moert::model::MemoryStats memory;
+  double hit_rate = 0;
+  double bytes_read_per_token = 0;
+  double stall_ms_per_token = 0;
+
+  int n_tokens() const { return n_prompt + n_gen; }
+  std::string name() const { return n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen); }
+  std::vector<double> samples_ts() const {
+    std::vector<double> ts;
+    for (uint64_t ns : samples_ns) ts.push_back(1e9 * n_tokens() / static_cast<double>(ns));
+    return ts;
+  }
+};
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+// The sample standard deviation (Bessel's correction, as llama-bench); 0 for one value.
+double StdDev(const std::vector<double>& v) {
+  if (v.size() <= 1) return 0;
+  const double mean = Mean(v);
+  double sq = 0;
+  for (double x : v) sq += (x - mean) * (x - mean);
+  return std::sqrt(sq / static_cast<double>(v.size() - 1));
+}
+
+std::vector<double> AsDouble(const std::vector<uint64_t>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+class Bench {
+ public:
+  Bench(moert::model::Model& model, uint64_t seed) : model_(model), rng_(seed) {}
+
+  // One test: n_prompt > 0 is a prefill test, else a decode test of n_gen tokens.
+  absl::StatusOr<TestResult> Run(int n_prompt, int n_gen, int repetitions) {
+    TestResult r;
+    r.n_prompt = n_prompt;
+    r.n_gen = n_gen;
+    r.test_time = UtcNow();
+    auto cache = model_.NewKvCache(n_prompt + n_gen);
+    if (!cache.ok()) return cache.status();
+    // Warm-up, untimed: the whole prompt, or one decode step.
+    if (n_prompt > 0) {
+      if (auto s = Prefill(**cache, n_prompt); !s.ok()) return s.status();
+    } else {
+      if (auto s = Decode(**cache, 1); !s.ok()) return s.status();
+    }
+    const moert::model::MemoryStats before = model_.memory_stats();
+    for (int i = 0; i < repetitions; ++i) {
+      auto ns = n_prompt > 0 ? Prefill(**cache, n_prompt) : Decode(**cache, n_gen);
+      if (!ns.ok()) return ns.status();
+      r.samples_ns.push_back(*ns);
+    }
+    r.peak_rss_bytes = PeakRssBytes();
+    r.memory = model_.memory_stats();
+    const moert::experts::ExpertCacheStats& a = r.memory.pool;
+    const moert::experts::ExpertCacheStats& b = before.pool;
+    const uint64_t needed = (a.hits - b.hits) + (a.misses - b.misses);
+    r.hit_rate = needed > 0 ? static_cast<double>(a.hits - b.hits) / static_cast<double>(needed) : 0;
+    const double tokens = static_cast<double>(repetitions) * r.n_tokens();
+    r.bytes_read_per_token = static_cast<double>(a.bytes_loaded - b.bytes_loaded) / tokens;
+    r.stall_ms_per_token = static_cast<double>(a.stall_ns - b.stall_ns) / 1e6 / tokens;
+    return r;
+  }
+
+ private:
+  // Random token ids, drawn outside the timed region.
+  std::vector<int32_t> Tokens(int n) {
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(model_.spec().n_vocab) - 1);
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int32_t& t : tokens) t = id(rng_);
+    return tokens;
+  }
+
+  absl::StatusOr<uint64_t> Prefill(moert::model::KvCache& cache, int n) {
+    const std::vector<int32_t> tokens = Tokens(n);
+    cache.Truncate(0);
+    const uint64_t start = NowNs();
+    absl::Status s = model_.Forward(tokens, &cache, moert::model::LogitsFor::kLast, &logits_);
+    const uint64_t end = NowNs();
+    if (!s.ok()) return s;
+    return std::max<uint64_t>(1, end - start);  // tokens/s stays finite
+  }
+
+  absl::StatusOr<uint64_t> Decode(moert::model::KvCache& cache, int n) {
+    const std::vector<int32_t> tokens = Tokens(n);
+    cache.Truncate(0);
+    const uint64_t start = NowNs();
+    for (int i = 0; i < n; ++i) {
+      absl::Status s = model_.Forward(std::span(tokens).subspan(static_cast<size_t>(i), 1), &cache,
+                                      moert::model::LogitsFor::kLast, &logits_);
+      if (!s.ok()) return s;
+    }
+    return std::max<uint64_t>(1, NowNs() - start);
+  }
+
+  moert::model::Model& model_;
+  std::mt19937_64 rng_;
+  std::vector<float> logits_;
+};
+
+// --- Output --------------------------------------------------------------------------
+
+// The fields every record shares.
+struct RunInfo {
+  ModelInfo model;
+  std::string cpu_info;
+  std::string isa;
+  int n_threads = 0;
+};
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+class Printer {
+ public:
+  virtual ~Printer() = default;
+  virtual void Header() {}
+  virtual void Test(const TestResult& r) = 0;
+  virtual void Footer() {}
+};
+
+// llama-bench's -o json: an array of flat records, samples last.
+class JsonPrinter : public Printer {
+ public:
+  explicit JsonPrinter(const RunInfo& info) : info_(info) {}
+  void Header() override { std::fputs("[\n", stdout); }
+  void Test(const TestResult& r) override {
+    const std::vector<double> ts = r.samples_ts();
+    const std::vector<double> ns = AsDouble(r.samples_ns);
+    std::vector<std::pair<std::string_view, std::string>> fields = {
+        {"build_commit", JsonString(MOERT_VERSION_STRING)},
+        {"cpu_info", JsonString(info_.cpu_info)},
+        {"backends", JsonString("CPU")},
+        {"model_filename", JsonString(info_.model.filename)},
+        {"model_type", JsonString(info_.model.type)},
+        {"model_size", StrCat(info_.model.size)},
+        {"model_n_params", StrCat(info_.model.n_params)},
+        {"n_threads", StrCat(info_.n_threads)},
+        {"type_k", JsonString("f32")},
+        {"type_v", JsonString("f32")},
+        {"n_prompt", StrCat(r.n_prompt)},
+        {"n_gen", StrCat(r.n_gen)},
+        {"n_depth", "0"},
+        {"test_time", JsonString(r.test_time)},
+        {"avg_ns", StrCat(static_cast<uint64_t>(std::llround(Mean(ns))))},
+        {"stddev_ns", StrCat(static_cast<uint64_t>(std::llround(StdDev(ns))))},
+        {"avg_ts", absl::StrFormat("%.6f", Mean(ts))},
+        {"stddev_ts", absl::StrFormat("%.6f", StdDev(ts))},
+        {"peak_rss_bytes", StrCat(r.peak_rss_bytes)},
+        {"isa", JsonString(info_.isa)},
+        {"budget_bytes", StrCat(r.memory.budget_bytes)},
+        {"expert_pool_bytes", StrCat(r.memory.pool.pool_bytes)},
+        {"expert_pool_used_bytes", StrCat(r.memory.pool.used_bytes)},
+        {"expert_pool_free_bytes", StrCat(r.memory.pool.free_bytes)},
+        {"expert_pool_fragmentation", absl::StrFormat("%.6f", r.memory.pool.fragmentation)},
+        {"expert_hit_rate", absl::StrFormat("%.6f", r.hit_rate)},
+        {"expert_bytes_read_per_token", absl::StrFormat("%.1f", r.bytes_read_per_token)},
+        {"expert_stall_ms_per_token", absl::StrFormat("%.6f", r.stall_ms_per_token)},
+        {"io_mode", JsonString(r.memory.io_mode)},
+    };
+    std::vector<std::string> ts_text;
+    for (double t : ts) ts_text.push_back(absl::StrFormat("%.6f", t));
+    std::string out = first_ ? "  {\n" : ",\n  {\n";
+    first_ = false;
+    for (const auto& [key, value] : fields) StrAppend(&out, "    \"", key, "\": ", value, ",\n");
+    StrAppend(&out, "    \"samples_ns\": [ ", moert::StrJoin(r.samples_ns, ", "), " ],\n");
+    StrAppend(&out, "    \"samples_ts\": [ ", moert::StrJoin(ts_text, ", "), " ]\n  }");
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  void Footer() override { std::fputs(first_ ? "]\n" : "\n]\n", stdout); }
+
+ private:
+  const RunInfo& info_;
+  bool first_ = true;
+};
+
+// llama-bench's -o md table: model | size | params | backend | threads | test | t/s.
+class MarkdownPrinter : public Printer {
+ public:
+  explicit MarkdownPrinter(const RunInfo& info) : info_(info) {}
+  void Header() override {
+    std::printf("| %-30s | %10s | %10s | %-10s | %7s | %13s | %20s |\n", "model", "size", "params",
+                "backend", "threads", "test", "t/s");
+    std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: |\n", std::string(30, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(9, '-').c_str(),
+                std::string(10, '-').c_str(), std::string(6, '-').c_str(),
+                std::string(12, '-').c_str(), std::string(19, '-').c_str());
+    std::fflush(stdout);
+  }
+  void Test(const TestResult& r) override {
+    const std::vector<double> ts = r.samples_ts();
+    const std::string tps = absl::StrFormat("%.2f ± %.2f", Mean(ts), StdDev(ts));
+    // "±" is two bytes but one column: pad one more.
+    std::printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %21s |\n", info_.model.type.c_str(),
+                Size(info_.model.size).c_str(), Params(info_.model.n_params).c_str(), "CPU",
+                info_.n_threads, r.name().c_str(), tps.c_str());
+    std::fflush(stdout);
+  }
+  void Footer() override {
+    std::printf("\nbuild: moert %s, isa %s\n", MOERT_VERSION_STRING, info_.isa.c_str());
+  }
+
+ private:
+  // llama-bench prints GiB and billions; small models get MiB and millions.
+  static std::string Size(uint64_t bytes) {
+    const double b = static_cast<double>(bytes);
+    if (b >= 1024.0 * 1024.0 * 1024.0) return absl::StrFormat("%.2f GiB", b / (1 << 30));
+    return absl::StrFormat("%.2f MiB", b / (1 << 20));
+  }
+  static std::string Params(uint64_t n) {
+    const double v = static_cast<double>(n);
+    if (v >= 1e9) return absl::StrFormat("%.2f B", v * 1e-9);
+    return absl::StrFormat("%.2f M", v * 1e-6);
+  }
+
+  const RunInfo& info_;
+};
+
+// --- Running -------------------------------------------------------------------------
+
+int UsageFail(const std::string& message) {
+  std::fprintf(stderr, "%s: error: %s (see --help)\n", kTool, message.c_str());
+  return 2;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kTool, message.c_str());
+  return 1;
+}
+
+// Removes a file when it goes out of scope, unless released.
+class RemoveOnExit {
+ public:
+  RemoveOnExit() = default;
+  explicit RemoveOnExit(std::string path) : path_(std::move(path)) {}
+  RemoveOnExit(const RemoveOnExit&) = delete;
+  RemoveOnExit& operator=(const RemoveOnExit&) = delete;
+  ~RemoveOnExit() { Remove(); }
+  void Reset(std::string path) {
+    Remove();
+    path_ = std::move(path);
+  }
+  void Remove() {
+    if (!path_.empty()) std::remove(path_.c_str());
+    path_.clear();
+  }
+
+ private:
+  std::string path_;
+};
+
+// A new empty file under $TMPDIR (or /tmp) for the synthetic model.
+absl::StatusOr<std::string> MakeTempFile() {
+  const char* dir = std::getenv("TMPDIR");
+  std::string path =
+      StrCat(dir != nullptr && dir[0] != '\0' ? dir : "/tmp", "/moert-bench-XXXXXX.gguf");
+  const int fd = mkstemps(path.data(), 5);
+  if (fd < 0) return absl::UnavailableError(StrCat("cannot create a temporary file ", path));
+  close(fd);
+  return path;
+}
+
+int Run(const Params& p) {
+  RemoveOnExit temp_file;
+  std::string path = p.model_path;
+  std::string filename = p.model_path;
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (p.synthetic != nullptr) {
+    moert::synth::SynthOptions so;
+    so.shape = p.synthetic;
+    so.type = p.synthetic_type.value_or(moert::format::GgmlType::kQ4_0);
+    so.n_layer = p.synthetic_layers;
+    so.threads = cores;
+    auto synth = moert::synth::SynthModel::Plan(so);
+    if (!synth.ok()) return Fail(std::string(synth.status().message()));
+    if (p.synthetic_out.empty()) {
+      auto temp = MakeTempFile();
+      if (!temp.ok()) return Fail(std::string(temp.status().message()));
+      path = *temp;
+      temp_file.Reset(path);
+      filename = StrCat("synthetic:", p.synthetic->name);
+    } else {
+      path = p.synthetic_out;
+      filename = path;
+    }
+    std::fprintf(stderr, "%s: writing the synthetic model %s to %s\n", kTool,
+                 synth->Describe().c_str(), path.c_str());
+    if (absl::Status s = synth->Write(path); !s.ok()) {
+      std::remove(path.c_str());  // incomplete
+      return Fail(StrCat("cannot write the synthetic model: ", s.message()));
+    }
+  }
+
+  RunInfo info;
+  info.cpu_info = CpuInfo();
+  // The kernels' ISA actually dispatched (MOERT_ISA if it is usable here).
+  info.isa = moert::kernels::IsaName(moert::kernels::GetKernelConfig().isa);
+  info.n_threads = p.threads > 0 ? p.threads : static_cast<int>(cores);
+
+  std::unique_ptr<moert::model::Model> model;
+  {
+    std::fprintf(stderr, "%s: loading %s\n", kTool, path.c_str());
+    const auto start = std::chrono::steady_clock::now();
+    auto file = moert::format::GgufFile::Open(path);
+    if (!file.ok()) return Fail(StrCat("cannot load ", path, ": ", file.status().message()));
+    info.model = DescribeModel(**file, filename);
+    moert::model::ModelLoadOptions options;
+    options.threads = info.n_threads;
+    options.memory_budget_bytes = p.memory_budget_mb << 20;
+    options.expert_pool_bytes = p.expert_pool_mb << 20;
+    options.expert_pool_fraction = p.expert_pool_fraction;
+    options.io_mode = p.io;
+    // Each test has its own KV cache, one after the other.
+    options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
+    auto loaded = moert::model::Model::Load(**file, options);
+    if (!loaded.ok()) return Fail(StrCat("cannot load ", path, ": ", loaded.status().message()));
+    model = std::move(*loaded);
+    std::fprintf(stderr, "%s: loaded %s (%s) in %.1f s\n", kTool, info.model.type.c_str(),
+                 path.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    // The reference model copies its weights out: the mapping closes here, and a
+    // temporary synthetic model is no longer needed (an expert pool's loader holds
+    // its own descriptor or mapping of the file).
+    const moert::model::MemoryStats m = model->memory_stats();
+    if (m.expert_pool) {
+      std::fprintf(stderr,
+                   "%s: expert pool %.1f MiB (%llu of %llu experts), budget %.1f MiB, io %s%s%s\n",
+                   kTool, static_cast<double>(m.pool.pool_bytes) / (1 << 20),
+                   static_cast<unsigned long long>(m.pool.capacity_experts),
+                   static_cast<unsigned long long>(m.all_experts_bytes /
+                                                   std::max<uint64_t>(m.pool.block_bytes, 1)),
+                   static_cast<double>(m.budget_bytes) / (1 << 20), m.io_mode.c_str(),
+                   m.io_fallback.empty() ? "" : ": ", m.io_fallback.c_str());
+    }
+  }
+  temp_file.Remove();
+
+  std::unique_ptr<Printer> printer;
+  if (p.output == OutputFormat::kJson) {
+    printer = std::make_unique<JsonPrinter>(info);
+  } else {
+    printer = std::make_unique<MarkdownPrinter>(info);
+  }
+  Bench bench(*model, /*seed=*/1234);
+  std::vector<std::pair<int, int>> tests;
+  if (p.n_prompt > 0) tests.emplace_back(p.n_prompt, 0);
+  if (p.n_gen > 0) tests.emplace_back(0, p.n_gen);
+  printer->Header();
+  int rc = 0;
+  for (const auto& [n_prompt, n_gen] : tests) {
+    const std::string name = n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen);
+    std::fprintf(stderr, "%s: %s: warm-up and %d repetition(s), %d thread(s)\n", kTool,
+                 name.c_str(), p.repetitions, info.n_threads);
+    auto result = bench.Run(n_prompt, n_gen, p.repetitions);
+    if (!result.ok()) {
+      rc = Fail(StrCat(name, " failed: ", result.status().message()));
+      break;
+    }
+    if (result->memory.expert_pool) {
+      std::fprintf(stderr,
+                   "%s: %s: expert hit rate %.1f%%, %.2f MiB read and %.2f ms stalled per token, "
+                   "peak RSS %.1f MiB of a %.1f MiB budget\n",
+                   kTool, name.c_str(), 100 * result->hit_rate,
+                   result->bytes_read_per_token / (1 << 20), result->stall_ms_per_token,
+                   static_cast<double>(result->peak_rss_bytes) / (1 << 20),
+                   static_cast<double>(result->memory.budget_bytes) / (1 << 20));
+    }
+    printer->Test(*result);
+  }
+  printer->Footer();
+  if (std::fflush(stdout) != 0) return Fail("cannot write the output");
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Params p;
+  bool help = false;
+  if (std::optional<UsageError> error = ParseArgs(argc, argv, p, &help)) {
+    return UsageFail(error->message);
+  }
+  if (help) {
+    std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  return Run(p);
+}

@@ -1,0 +1,74 @@
+// q4 GEMM on NEON dotprod: up to 4 activation rows against 8-row W4 tiles,
+// bit-identical to the scalar reference. Per block and half tile (4 rows), each row's
+// 16 bytes become 16 * (nibble - 8) in int8 (eor 0x88, then shl 4 / and 0xF0: 3 ops
+// a row, shared by all activation rows) and two sdots per activation row give 16
+// times its sum, exact, shifted back after the rows' 4-lane sums are reduced (vpaddq)
+// to a row per lane. Float part as the GEMV (multiply, then add, no FMA).
+#include <arm_neon.h>
+
+#include "kernels/neon-qgemm.h"
+#include "kernels/ukernel.h"
+
+namespace neon = moert::kernels::neon;
+
+namespace {
+
+template <size_t M>
+void Q4Gemm(size_t nc, size_t kb, const moert_a8_block* a, size_t a_stride,
+            const moert_w4_block* tile, float* c, size_t c_stride) {
+  const moert_a8_block* arow[M];
+#pragma GCC unroll 4
+  for (size_t i = 0; i < M; ++i) arow[i] = neon::ActivationRow(a, a_stride, i);
+  const uint8x16_t x88 = vdupq_n_u8(0x88);
+  const uint8x16_t high = vdupq_n_u8(0xF0);
+  const int32x4_t zero = vdupq_n_s32(0);
+  for (size_t n0 = 0; n0 < nc; n0 += MOERT_NR, tile += kb) {
+    float32x4_t acc[M][2];
+#pragma GCC unroll 4
+    for (size_t i = 0; i < M; ++i) acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
+    for (size_t b = 0; b < kb; ++b) {
+      const moert_w4_block& blk = tile[b];
+      float32x4_t d[2];
+      neon::LoadFp16x8(blk.d, &d[0], &d[1]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        // 16 * (nibble - 8), exact in int8: (nibble ^ 8) in the high 4 bits.
+        int8x16_t wl[4], wh[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const uint8x16_t q = veorq_u8(vld1q_u8(blk.qs[4 * h + r]), x88);
+          wl[r] = vreinterpretq_s8_u8(vshlq_n_u8(q, 4));
+          wh[r] = vreinterpretq_s8_u8(vandq_u8(q, high));
+        }
+#pragma GCC unroll 4
+        for (size_t i = 0; i < M; ++i) {
+          const int8_t* aq = neon::Reload(arow[i][b].qs);
+          const int8x16_t a_lo = vld1q_s8(aq);
+          const int8x16_t a_hi = vld1q_s8(aq + 16);
+          int32x4_t row[4];
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; ++r) {
+            row[r] = vdotq_s32(vdotq_s32(zero, wl[r], a_lo), wh[r], a_hi);
+          }
+          // The sums are 16 times the true ones (exact: at most 32 * 128 * 127).
+          const int32x4_t isum = vshrq_n_s32(neon::ReduceRows(row[0], row[1], row[2], row[3]), 4);
+          acc[i][h] = neon::AddBlock(acc[i][h], isum, vmulq_f32(d[h], vdupq_n_f32(arow[i][b].d)));
+        }
+      }
+    }
+    const size_t rows = neon::TileRows(nc, n0);
+#pragma GCC unroll 4
+    for (size_t i = 0; i < M; ++i)
+      neon::StoreTile(c + i * c_stride + n0, rows, acc[i][0], acc[i][1]);
+  }
+}
+
+}  // namespace
+
+MOERT_DECLARE_QGEMM(moert_q4_gemm_ukernel_4x8__neondot) {
+  neon::ForRowChunks(
+      m, a, a_stride, c, c_stride, [&](auto rows, const moert_a8_block* a_rows, float* c_rows) {
+        Q4Gemm<decltype(rows)::value>(nc, kb, a_rows, a_stride,
+                                      static_cast<const moert_w4_block*>(w), c_rows, c_stride);
+      });
+}

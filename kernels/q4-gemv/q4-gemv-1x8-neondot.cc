@@ -1,0 +1,57 @@
+// q4 GEMV on NEON dotprod: one activation row against 8-row W4 tiles, bit-identical
+// to the scalar reference. Per block: each row's 16 bytes split into unsigned nibbles
+// (and, ushr) and two sdots against the activations; the "- 8" of every nibble is
+// folded into the sdots' starting value, -8 * (the activations' sum), computed once
+// per block with two sdots, so the rows need no per-byte subtract. The 4-lane partial
+// sums of 4 rows then reduce (vpaddq) to one vector with a row in each lane for the
+// float part (ukernel.h's order: multiply, then add, no FMA).
+#include <arm_neon.h>
+
+#include "kernels/neon-qgemm.h"
+#include "kernels/ukernel.h"
+
+namespace neon = moert::kernels::neon;
+
+namespace {
+
+// One activation row against tiles of 8 rows.
+void Q4Gemv(size_t nc, size_t kb, const moert_a8_block* a, const moert_w4_block* tile, float* c) {
+  const uint8x16_t mask = vdupq_n_u8(0x0F);
+  const int8x16_t minus8 = vdupq_n_s8(-8);
+  const int32x4_t zero = vdupq_n_s32(0);
+  for (size_t n0 = 0; n0 < nc; n0 += MOERT_NR, tile += kb) {
+    float32x4_t acc_lo = vdupq_n_f32(0.0f);
+    float32x4_t acc_hi = vdupq_n_f32(0.0f);
+    for (size_t b = 0; b < kb; ++b) {
+      const moert_w4_block& blk = tile[b];
+      const int8x16_t a_lo = vld1q_s8(a[b].qs);
+      const int8x16_t a_hi = vld1q_s8(a[b].qs + 16);
+      const int32x4_t bias = vdotq_s32(vdotq_s32(zero, a_lo, minus8), a_hi, minus8);
+      int32x4_t row[MOERT_NR];
+#pragma GCC unroll 8
+      for (int r = 0; r < MOERT_NR; ++r) {
+        const uint8x16_t q = vld1q_u8(blk.qs[r]);
+        row[r] = vdotq_s32(bias, vreinterpretq_s8_u8(vandq_u8(q, mask)), a_lo);
+        row[r] = vdotq_s32(row[r], vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), a_hi);
+      }
+      float32x4_t d_lo, d_hi;
+      neon::LoadFp16x8(blk.d, &d_lo, &d_hi);
+      const float32x4_t ad = vdupq_n_f32(a[b].d);
+      acc_lo = neon::AddBlock(acc_lo, neon::ReduceRows(row[0], row[1], row[2], row[3]),
+                              vmulq_f32(d_lo, ad));
+      acc_hi = neon::AddBlock(acc_hi, neon::ReduceRows(row[4], row[5], row[6], row[7]),
+                              vmulq_f32(d_hi, ad));
+    }
+    neon::StoreTile(c + n0, neon::TileRows(nc, n0), acc_lo, acc_hi);
+  }
+}
+
+}  // namespace
+
+MOERT_DECLARE_QGEMM(moert_q4_gemv_ukernel_1x8__neondot) {
+  // m is 1 by contract; more rows would be computed one after another.
+  for (size_t i = 0; i < m; ++i) {
+    Q4Gemv(nc, kb, neon::ActivationRow(a, a_stride, i), static_cast<const moert_w4_block*>(w),
+           c + i * c_stride);
+  }
+}

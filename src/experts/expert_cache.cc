@@ -1,0 +1,316 @@
+// The expert cache: residency, pins, LRFU eviction with the lazy rule, loads through
+// the loader thread, defragmentation of the pool.
+#include "experts/expert_cache.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "core/status.h"
+#include "core/strings.h"
+
+namespace moert::experts {
+namespace {
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+uint64_t ExpertCache::BlockBytes(uint64_t runtime_bytes, uint64_t min_block_bytes) {
+  return std::max(std::bit_ceil(std::max<uint64_t>(runtime_bytes, 1)), min_block_bytes);
+}
+
+ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options)
+    : directory_(std::move(directory)), options_(options), defrag_(options.defrag) {}
+
+ExpertCache::~ExpertCache() {
+  // The loader thread may not outlive the pool it writes into.
+  loader_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(
+    ExpertDirectory directory, const ExpertCacheOptions& options) {
+  std::unique_ptr<ExpertCache> cache(new ExpertCache(std::move(directory), options));
+  const ExpertDirectory& dir = cache->directory_;
+  cache->block_bytes_ = BlockBytes(dir.max_runtime_bytes(), options.min_block_bytes);
+  if (options.pool_bytes < cache->block_bytes_) {
+    return absl::ResourceExhaustedError(
+        StrCat("an expert pool of ", options.pool_bytes, " bytes cannot hold one expert of ",
+               dir.max_runtime_bytes(), " bytes (a pool block of ", cache->block_bytes_,
+               " bytes)"));
+  }
+  memory::TieredPoolOptions pool_options;
+  pool_options.expert_bytes = options.pool_bytes;
+  pool_options.expert_min_block = options.min_block_bytes;
+  MOERT_ASSIGN_OR_RETURN(cache->pool_, memory::TieredPool::Create(pool_options));
+  MOERT_ASSIGN_OR_RETURN(cache->loader_, Loader::Create(cache->directory_, options.loader));
+  cache->entries_.resize(size_t(dir.n_layer()) * size_t(dir.n_expert()));
+  cache->residency_.assign(static_cast<size_t>(dir.n_layer()),
+                           std::vector<uint64_t>(static_cast<size_t>(dir.n_expert() + 63) / 64, 0));
+  for (int l = 0; l < dir.n_layer(); ++l) {
+    if (!dir.has_layer(l)) continue;
+    for (int e = 0; e < dir.n_expert(); ++e) {
+      cache->entries_[cache->Index(l, e)].checksum = dir.stored_checksum(l, e);
+    }
+  }
+  return cache;
+}
+
+absl::Status ExpertCache::CheckExpert(int layer, int expert) const {
+  if (!directory_.has_layer(layer) || expert < 0 || expert >= directory_.n_expert()) {
+    return absl::InvalidArgumentError(StrCat("expert (layer ", layer, ", expert ", expert,
+                                             ") is not a routed expert of '", directory_.path(),
+                                             "'"));
+  }
+  return absl::OkStatus();
+}
+
+backend::FfnView ExpertCache::View(const ExpertInfo& info, const Entry& entry) const {
+  const uint8_t* base = pool_->ExpertData(entry.offset);
+  const auto part = [&](ExpertPartKind kind) {
+    const ExpertPart& p = info.parts[static_cast<size_t>(kind)];
+    return backend::PackedView{p.format, p.rows, p.cols, base + p.block_offset};
+  };
+  return {part(ExpertPartKind::kGate), part(ExpertPartKind::kUp), part(ExpertPartKind::kDown)};
+}
+
+double ExpertCache::Score(const Entry& entry) const {
+  if (!entry.used) return 0.0;
+  const double age = static_cast<double>(step_ - entry.last_use);
+  return entry.crf * std::exp2(-age / options_.frequency_half_life_steps);
+}
+
+void ExpertCache::Touch(Entry& entry) {
+  entry.crf = Score(entry) + 1.0;
+  entry.used = true;
+  entry.last_use = step_;
+  ++entry.uses;
+}
+
+void ExpertCache::MarkResident(size_t index, uint64_t offset) {
+  Entry& entry = entries_[index];
+  entry.resident = true;
+  entry.offset = offset;
+  by_offset_[offset] = index;
+  const size_t n = static_cast<size_t>(directory_.n_expert());
+  residency_[index / n][(index % n) / 64] |= uint64_t{1} << ((index % n) % 64);
+}
+
+void ExpertCache::Evict(size_t index) {
+  Entry& entry = entries_[index];
+  pool_->FreeExpert(entry.offset);
+  by_offset_.erase(entry.offset);
+  entry.resident = false;
+  const size_t n = static_cast<size_t>(directory_.n_expert());
+  residency_[index / n][(index % n) / 64] &= ~(uint64_t{1} << ((index % n) % 64));
+  ++counters_.evictions;
+}
+
+bool ExpertCache::EvictOne() {
+  // Two candidate sets: outside the lazy window, and (only if that one is empty) inside.
+  size_t best = entries_.size();
+  bool best_lazy = true;
+  std::tuple<double, uint64_t, size_t> best_key{};
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (!e.resident || e.pins > 0) continue;
+    const bool lazy =
+        e.used && step_ - e.last_use <= static_cast<uint64_t>(std::max(0, options_.lazy_steps));
+    const std::tuple<double, uint64_t, size_t> key{Score(e), e.used ? e.last_use : 0, i};
+    if (best == entries_.size() || (best_lazy && !lazy) || (lazy == best_lazy && key < best_key)) {
+      best = i;
+      best_lazy = lazy;
+      best_key = key;
+    }
+  }
+  if (best == entries_.size()) return false;
+  if (best_lazy) ++counters_.lazy_evictions;
+  Evict(best);
+  return true;
+}
+
+void ExpertCache::OnMove(uint64_t from, uint64_t to) {
+  auto it = by_offset_.find(from);
+  if (it == by_offset_.end()) return;  // not one of ours: cannot happen
+  const size_t index = it->second;
+  by_offset_.erase(it);
+  by_offset_[to] = index;
+  entries_[index].offset = to;
+}
+
+absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info) {
+  while (true) {
+    absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
+        *pool_, info.runtime_bytes,
+        [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
+    if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
+    if (EvictOne()) continue;
+    const memory::BuddyStats s = pool_->expert_allocator().stats();
+    return absl::ResourceExhaustedError(StrCat(
+        "the expert pool budget of ", s.pool_bytes, " bytes cannot hold layer ", info.layer,
+        ", expert ", info.expert, " (", info.runtime_bytes, " bytes, a block of ",
+        BlockBytes(info.runtime_bytes, options_.min_block_bytes), "): ", s.free_bytes,
+        " bytes free, largest free block ", s.largest_free_block, ", ", s.pinned_blocks,
+        " experts pinned and nothing else to evict"));
+  }
+}
+
+absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
+  MOERT_RETURN_IF_ERROR(CheckExpert(layer, expert));
+  const size_t index = Index(layer, expert);
+  const ExpertInfo& info = directory_.info(layer, expert);
+  Entry& entry = entries_[index];
+  if (entry.resident) {
+    ++counters_.hits;
+    Touch(entry);
+    ++entry.pins;
+    pool_->PinExpert(entry.offset);
+    return View(info, entry);
+  }
+  MOERT_ASSIGN_OR_RETURN(const memory::Block block, AllocateBlock(info));
+  ++counters_.misses;
+  pool_->PinExpert(block.offset);  // the defragmenter keeps off a block being loaded
+  const uint64_t start = NowNs();
+  const Loader::Ticket ticket =
+      loader_->Submit(info, pool_->ExpertData(block.offset), entry.checksum);
+  LoadResult result = loader_->Wait(ticket);
+  counters_.stall_ns += NowNs() - start;
+  ++counters_.loads;
+  counters_.bytes_loaded += result.bytes_read;
+  if (!result.status.ok()) {
+    ++counters_.failed_loads;
+    pool_->UnpinExpert(block.offset);
+    pool_->FreeExpert(block.offset);
+    return result.status;
+  }
+  if (!entry.checksum) entry.checksum = result.checksum;
+  MarkResident(index, block.offset);
+  entry.pins = 1;
+  Touch(entry);
+  return View(info, entry);
+}
+
+void ExpertCache::Release(int layer, int expert) {
+  if (!CheckExpert(layer, expert).ok()) return;
+  Entry& entry = entries_[Index(layer, expert)];
+  if (!entry.resident || entry.pins == 0) return;
+  --entry.pins;
+  pool_->UnpinExpert(entry.offset);
+}
+
+bool ExpertCache::IsResident(int layer, int expert) const {
+  return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].resident;
+}
+
+bool ExpertCache::IsPinned(int layer, int expert) const {
+  return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].pins > 0;
+}
+
+const std::vector<uint64_t>& ExpertCache::residency(int layer) const {
+  return residency_[static_cast<size_t>(layer)];
+}
+
+uint64_t ExpertCache::uses(int layer, int expert) const {
+  return CheckExpert(layer, expert).ok() ? entries_[Index(layer, expert)].uses : 0;
+}
+
+void ExpertCache::EvictAll() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].resident && entries_[i].pins == 0) Evict(i);
+  }
+}
+
+absl::Status ExpertCache::Preload(std::span<const HotExpert> experts, size_t* loaded) {
+  if (loaded != nullptr) *loaded = 0;
+  std::vector<const HotExpert*> wanted;
+  for (const HotExpert& e : experts) {
+    if (CheckExpert(e.layer, e.expert).ok() && !entries_[Index(e.layer, e.expert)].resident) {
+      wanted.push_back(&e);
+    }
+  }
+  for (const HotExpert* e : wanted) loader_->AdviseWillNeed(directory_.info(e->layer, e->expert));
+  struct Pending {
+    size_t index;
+    uint64_t offset;
+    Loader::Ticket ticket;
+  };
+  std::vector<Pending> pending;
+  for (const HotExpert* e : wanted) {
+    const size_t index = Index(e->layer, e->expert);
+    if (entries_[index].resident) continue;  // listed twice
+    bool queued = false;
+    for (const Pending& p : pending) queued = queued || p.index == index;
+    if (queued) continue;
+    const ExpertInfo& info = directory_.info(e->layer, e->expert);
+    absl::StatusOr<memory::Block> block = pool_->AllocateExpert(info.runtime_bytes);
+    if (!block.ok()) break;  // full: the rest stays on disk
+    pool_->PinExpert(block->offset);
+    pending.push_back(
+        {index, block->offset,
+         loader_->Submit(info, pool_->ExpertData(block->offset), entries_[index].checksum)});
+  }
+  absl::Status first_error;
+  for (Pending& p : pending) {
+    LoadResult result = loader_->Wait(p.ticket);
+    ++counters_.loads;
+    counters_.bytes_loaded += result.bytes_read;
+    pool_->UnpinExpert(p.offset);
+    if (!result.status.ok()) {
+      ++counters_.failed_loads;
+      pool_->FreeExpert(p.offset);
+      if (first_error.ok()) first_error = result.status;
+      continue;
+    }
+    Entry& entry = entries_[p.index];
+    if (!entry.checksum) entry.checksum = result.checksum;
+    MarkResident(p.index, p.offset);
+    ++counters_.preloads;
+    if (loaded != nullptr) ++*loaded;
+  }
+  return first_error;
+}
+
+std::vector<HotExpert> ExpertCache::HotExperts(size_t max) const {
+  std::vector<HotExpert> hot;
+  for (int l = 0; l < directory_.n_layer(); ++l) {
+    if (!directory_.has_layer(l)) continue;
+    for (int e = 0; e < directory_.n_expert(); ++e) {
+      const uint64_t uses = entries_[Index(l, e)].uses;
+      if (uses > 0) hot.push_back({l, e, uses});
+    }
+  }
+  std::stable_sort(hot.begin(), hot.end(),
+                   [](const HotExpert& a, const HotExpert& b) { return a.uses > b.uses; });
+  if (hot.size() > max) hot.resize(max);
+  return hot;
+}
+
+ExpertCacheStats ExpertCache::stats() const {
+  ExpertCacheStats s = counters_;
+  const memory::DefragmenterStats& d = defrag_.stats();
+  s.defrag_runs = d.runs;
+  s.defrag_bytes_moved = d.bytes_moved;
+  const memory::BuddyStats b = pool_->expert_allocator().stats();
+  s.pool_bytes = b.pool_bytes;
+  s.block_bytes = block_bytes_;
+  s.capacity_experts = b.pool_bytes / block_bytes_;
+  s.used_bytes = b.live_bytes;
+  s.free_bytes = b.free_bytes;
+  s.largest_free_block = b.largest_free_block;
+  s.fragmentation = b.fragmentation;
+  const memory::TierStats t = pool_->stats(memory::Tier::kExpert);
+  s.committed_bytes = t.committed;
+  s.peak_committed_bytes = t.peak_committed;
+  s.resident_experts = by_offset_.size();
+  for (const Entry& e : entries_) s.pinned_experts += e.resident && e.pins > 0 ? 1 : 0;
+  return s;
+}
+
+}  // namespace moert::experts

@@ -1,0 +1,186 @@
+// The expert cache: which routed experts are resident in the expert pool, loading the
+// missing ones through the Loader and evicting to stay within the pool's byte budget.
+//
+// Residency: a bitmap per layer. Every resident expert is one block of the expert tier
+// of a memory::TieredPool (a buddy allocator over the budget); its pages are committed
+// while it is resident and given back when it is evicted, so resident memory follows
+// the budget.
+//
+// Use: Acquire(layer, expert) makes the expert resident (a hit, or a miss that loads it
+// synchronously through the loader thread; the wait is the stall time) and pins it;
+// Release unpins it. A pinned expert is never evicted nor moved by defragmentation, so
+// the weights Acquire returned stay valid until Release.
+//
+// Eviction (when an allocation fails): among resident unpinned experts, those used in
+// the last `lazy_steps` steps stay (the lazy rule: an expert used at step s stays
+// through steps s+1 .. s+lazy_steps) unless no other expert can be evicted; among the
+// candidates, the one with the lowest recency-frequency score goes first, where the
+// score is the LRFU sum over past uses of 2^-(age in steps / half_life) (ties: the least
+// recently used, then the lower layer and expert). Order on an allocation failure:
+// evict until enough bytes are free; when they are free but split, defragment (above
+// the fragmentation threshold, moving only unpinned blocks); when nothing can be
+// evicted and defragmentation cannot help: ResourceExhausted naming the budget.
+//
+// Checksums: known from the file's metadata, else computed on the first load of an
+// expert and verified on every later load of it. A failed load leaves the expert not
+// resident and the cache usable.
+//
+// Not thread-safe: one thread at a time (the model's forward pass) uses the cache; the
+// loader's I/O thread only touches the blocks being loaded.
+#ifndef MOERT_EXPERTS_EXPERT_CACHE_H_
+#define MOERT_EXPERTS_EXPERT_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backend/qmatmul.h"
+#include "experts/expert_directory.h"
+#include "experts/hot_set.h"
+#include "experts/loader.h"
+#include "memory/defragmenter.h"
+#include "memory/tiered_pool.h"
+
+namespace moert::experts {
+
+struct ExpertCacheOptions {
+  uint64_t pool_bytes = 0;  // the expert budget (rounded down to min_block_bytes)
+  uint64_t min_block_bytes = uint64_t{64} << 10;
+  int lazy_steps = 2;
+  double frequency_half_life_steps = 8;
+  LoaderOptions loader;
+  memory::DefragmenterOptions defrag;
+};
+
+struct ExpertCacheStats {
+  uint64_t hits = 0;            // Acquire of a resident expert
+  uint64_t misses = 0;          // Acquire that had to load (counted once a block was found)
+  uint64_t evictions = 0;
+  uint64_t lazy_evictions = 0;  // evictions inside the lazy window (nothing else could go)
+  uint64_t loads = 0;           // loads finished (misses and preloads), failed ones included
+  uint64_t failed_loads = 0;
+  uint64_t preloads = 0;        // experts loaded by Preload
+  uint64_t bytes_loaded = 0;    // bytes read from the file (alignment padding included)
+  uint64_t stall_ns = 0;        // time Acquire waited for loads
+  uint64_t defrag_runs = 0;
+  uint64_t defrag_bytes_moved = 0;
+  // The pool now.
+  uint64_t pool_bytes = 0;       // usable bytes of the expert tier
+  uint64_t block_bytes = 0;      // the block one (largest) expert takes
+  uint64_t capacity_experts = 0; // experts of that size the pool holds at once
+  uint64_t used_bytes = 0;       // live block bytes
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_block = 0;
+  double fragmentation = 0;
+  uint64_t committed_bytes = 0;       // read/write pages of the tier now
+  uint64_t peak_committed_bytes = 0;
+  uint64_t resident_experts = 0;
+  uint64_t pinned_experts = 0;
+
+  double hit_rate() const {
+    return hits + misses == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(hits + misses);
+  }
+};
+
+class ExpertCache {
+ public:
+  // The pool block an expert of `runtime_bytes` takes: the smallest power of two
+  // >= runtime_bytes and >= min_block_bytes.
+  static uint64_t BlockBytes(uint64_t runtime_bytes, uint64_t min_block_bytes);
+
+  // ResourceExhausted naming both numbers when the pool cannot hold even one expert;
+  // errors of TieredPool::Create and Loader::Create otherwise.
+  static absl::StatusOr<std::unique_ptr<ExpertCache>> Create(ExpertDirectory directory,
+                                                             const ExpertCacheOptions& options);
+  ~ExpertCache();
+  ExpertCache(const ExpertCache&) = delete;
+  ExpertCache& operator=(const ExpertCache&) = delete;
+
+  const ExpertDirectory& directory() const { return directory_; }
+
+  // The step clock of the lazy rule and the recency scores: one step per forward pass
+  // (a decode step, or one micro-batch of a prefill).
+  void BeginStep() { ++step_; }
+  uint64_t step() const { return step_; }
+
+  // Makes (layer, expert) resident and pins it; the weights stay valid until Release.
+  // InvalidArgument for an expert outside the directory. A failed load (DataLoss naming
+  // the layer, expert and file offset) or no room in the pool (ResourceExhausted naming
+  // the budget) leaves the expert not resident and nothing pinned by this call.
+  absl::StatusOr<backend::FfnView> Acquire(int layer, int expert);
+  // Unpins what Acquire pinned.
+  void Release(int layer, int expert);
+
+  bool IsResident(int layer, int expert) const;
+  bool IsPinned(int layer, int expert) const;
+  // Bit e of word e / 64: expert e of `layer` is resident.
+  const std::vector<uint64_t>& residency(int layer) const;
+  uint64_t uses(int layer, int expert) const;
+
+  // Evicts every unpinned expert (tests; giving memory back when idle).
+  void EvictAll();
+
+  // Loads the given experts in order while they fit without evicting anything (first
+  // asking the kernel to read them ahead in buffered and mmap modes). Experts already
+  // resident or outside the directory are skipped; a failed load is skipped too and its
+  // error returned after the rest was tried. *loaded (may be null) gets the count.
+  absl::Status Preload(std::span<const HotExpert> experts, size_t* loaded = nullptr);
+  // The most used experts (uses > 0), most used first (ties: lower layer, expert), at
+  // most `max` of them.
+  std::vector<HotExpert> HotExperts(size_t max) const;
+
+  ExpertCacheStats stats() const;
+  Loader& loader() { return *loader_; }
+  const Loader& loader() const { return *loader_; }
+
+ private:
+  struct Entry {
+    bool resident = false;
+    uint64_t offset = 0;
+    uint32_t pins = 0;
+    bool used = false;
+    uint64_t last_use = 0;
+    double crf = 0;  // LRFU score as of last_use
+    uint64_t uses = 0;
+    std::optional<uint64_t> checksum;
+  };
+
+  ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options);
+
+  size_t Index(int layer, int expert) const {
+    return static_cast<size_t>(layer) * static_cast<size_t>(directory_.n_expert()) +
+           static_cast<size_t>(expert);
+  }
+  absl::Status CheckExpert(int layer, int expert) const;
+  backend::FfnView View(const ExpertInfo& info, const Entry& entry) const;
+  double Score(const Entry& entry) const;
+  void Touch(Entry& entry);
+  // A block for `info`, evicting and defragmenting as the class comment says.
+  absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info);
+  bool EvictOne();
+  void Evict(size_t index);
+  void MarkResident(size_t index, uint64_t offset);
+  void OnMove(uint64_t from, uint64_t to);
+
+  ExpertDirectory directory_;
+  ExpertCacheOptions options_;
+  std::unique_ptr<memory::TieredPool> pool_;
+  memory::Defragmenter defrag_;
+  std::unique_ptr<Loader> loader_;
+  std::vector<Entry> entries_;
+  std::vector<std::vector<uint64_t>> residency_;
+  absl::flat_hash_map<uint64_t, size_t> by_offset_;  // resident block offset -> entry
+  uint64_t step_ = 0;
+  uint64_t block_bytes_ = 0;
+  ExpertCacheStats counters_;  // the counting fields only
+};
+
+}  // namespace moert::experts
+
+#endif  // MOERT_EXPERTS_EXPERT_CACHE_H_

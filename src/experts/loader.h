@@ -1,0 +1,147 @@
+// The expert loader: one I/O thread with a bounded queue that reads an expert's
+// gate/up/down bytes from the model file into a staging buffer, checks them against
+// the expert's checksum and writes them into the expert's pool block in the runtime
+// layout (backend::PackRows, or a plain copy when the file is already packed).
+//
+// Reads: IoMode::kDirect preads with O_DIRECT (offset, length and buffer aligned to
+// kDirectAlignment); a file system that refuses O_DIRECT (EINVAL at open or at the
+// first read: tmpfs, some overlayfs) makes the loader fall back to kBuffered for good,
+// and fallback_reason() says why. kBuffered preads through the page cache and then
+// drops the range from it (posix_fadvise DONTNEED), so repeated misses really read the
+// file. kMmap copies out of a read-only mapping and then drops the mapped pages from
+// the resident set (madvise DONTNEED).
+//
+// Errors reach the waiter as a Status naming the layer, the expert, the tensor and the
+// file offset: a short read and a checksum mismatch are DataLoss, an I/O error is
+// DataLoss with the errno text. The destination block is then not to be used; the
+// loader itself stays usable.
+//
+// Threads: Submit and Wait are called from one owner thread (the expert cache's).
+// The destination bytes belong to the loader thread from Submit until Wait returns.
+#ifndef MOERT_EXPERTS_LOADER_H_
+#define MOERT_EXPERTS_LOADER_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/mapped_file.h"
+#include "experts/expert_directory.h"
+#include "experts/io_mode.h"
+
+namespace moert::experts {
+
+// Alignment of O_DIRECT offsets, lengths and buffers: the largest logical block size
+// of common devices.
+inline constexpr uint64_t kDirectAlignment = 4096;
+
+// Test hook: a failure the loader pretends to meet on the next load(s) of an expert.
+enum class LoaderFault {
+  kShortRead,         // the read of the gate part ends early
+  kIoError,           // the read of the gate part fails with EIO
+  kChecksumMismatch,  // one bit of the gate part flips after reading
+  kDirectRefused,     // an O_DIRECT read fails with EINVAL (exercises the fallback)
+};
+
+struct LoaderOptions {
+  IoMode mode = IoMode::kDirect;
+  size_t queue_capacity = 16;  // Submit blocks while this many loads wait
+};
+
+struct LoadResult {
+  absl::Status status;
+  uint64_t checksum = 0;    // of the file bytes read (when the read itself succeeded)
+  uint64_t bytes_read = 0;  // bytes asked of the file system, alignment padding included
+};
+
+struct LoaderStats {
+  uint64_t loads = 0;         // completed loads, failed ones included
+  uint64_t failed_loads = 0;
+  uint64_t bytes_read = 0;
+  uint64_t busy_ns = 0;       // time the I/O thread spent reading, checking and repacking
+};
+
+class Loader {
+ public:
+  struct Job;  // one queued load
+  using Ticket = std::shared_ptr<Job>;
+
+  // Opens the directory's file for `options.mode` (NotFound / PermissionDenied /
+  // Internal naming the path; FailedPrecondition when its size is not the one the
+  // directory was built from) and starts the I/O thread. `directory` must outlive the
+  // loader.
+  static absl::StatusOr<std::unique_ptr<Loader>> Create(const ExpertDirectory& directory,
+                                                        const LoaderOptions& options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Queues the load of `info` into `dst` (info.runtime_bytes writable bytes),
+  // verified against `expected_checksum` when given. Blocks while the queue is full.
+  Ticket Submit(const ExpertInfo& info, uint8_t* dst, std::optional<uint64_t> expected_checksum);
+  // Waits for a submitted load and returns its result (once per ticket).
+  LoadResult Wait(const Ticket& ticket);
+
+  // Asks the kernel to start reading the expert's bytes (buffered and mmap modes;
+  // nothing in direct mode, which bypasses the page cache).
+  void AdviseWillNeed(const ExpertInfo& info);
+
+  IoMode requested_mode() const { return requested_mode_; }
+  IoMode mode() const;                  // the mode in force (after any fallback)
+  std::string fallback_reason() const;  // empty while the requested mode is in force
+  uint64_t staging_bytes() const { return staging_bytes_; }
+  LoaderStats stats() const;
+
+  // Test hook: the next `times` loads of (layer, expert) meet `fault`.
+  void InjectFault(int layer, int expert, LoaderFault fault, int times = 1);
+
+ private:
+  Loader(const ExpertDirectory& directory, const LoaderOptions& options);
+
+  void ThreadMain();
+  LoadResult Run(const Job& job);
+  // Reads one part's file bytes into the staging slot `slot`; the span is the bytes.
+  absl::StatusOr<std::span<uint8_t>> ReadPart(const ExpertInfo& info, const ExpertPart& part,
+                                              uint8_t* slot, std::optional<LoaderFault> fault,
+                                              uint64_t* bytes_read);
+  absl::Status SwitchToBuffered(std::string reason);
+  std::optional<LoaderFault> TakeFault(int layer, int expert);
+
+  const ExpertDirectory& directory_;
+  const IoMode requested_mode_;
+  const size_t queue_capacity_;
+
+  // Owned by the I/O thread after Create (mode_ and fallback_reason_ read under mu_).
+  int fd_ = -1;
+  std::unique_ptr<core::MappedFile> mapping_;
+  uint8_t* staging_ = nullptr;
+  uint64_t staging_bytes_ = 0;
+  uint64_t slot_bytes_ = 0;
+
+  mutable std::mutex mu_;
+  IoMode mode_;
+  std::string fallback_reason_;
+  std::condition_variable queue_cv_;  // the thread: work or stop
+  std::condition_variable space_cv_;  // Submit: room in the queue
+  std::condition_variable done_cv_;   // Wait: a job finished
+  std::deque<Ticket> queue_;
+  bool stop_ = false;
+  std::map<std::pair<int, int>, std::pair<LoaderFault, int>> faults_;
+  LoaderStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace moert::experts
+
+#endif  // MOERT_EXPERTS_LOADER_H_

@@ -1,0 +1,9 @@
+# Sources of src/experts (paths relative to src/).
+list(APPEND MOERT_SOURCES
+  experts/checksum.cc
+  experts/expert_cache.cc
+  experts/expert_directory.cc
+  experts/hot_set.cc
+  experts/io_mode.cc
+  experts/loader.cc
+)

@@ -1,0 +1,286 @@
+// The expert cache: exact counters, pins never evicted, the lazy rule, recency and
+// frequency, defragmentation of a pool of mixed expert sizes, failed loads.
+#include "experts/expert_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "experts/test_model.h"
+
+namespace moert::experts {
+namespace {
+
+using testing::TestModel;
+using testing::TestModelOptions;
+
+constexpr uint64_t kKiB = 1024;
+
+// Two layers of 4 experts; Q8_0 gives W8 experts of 104448 bytes (a 128 KiB block),
+// Q4_0 W4 experts of 55296 bytes (a 64 KiB block).
+TestModel Model(const std::string& name,
+                std::vector<format::GgmlType> types = {format::GgmlType::kQ8_0,
+                                                       format::GgmlType::kQ8_0}) {
+  TestModelOptions options;
+  options.layer_types = std::move(types);
+  return testing::WriteTestModel(testing::TempDir(name), "m.gguf", options);
+}
+
+std::unique_ptr<ExpertCache> Cache(const TestModel& model, uint64_t pool_bytes,
+                                   IoMode mode = IoMode::kBuffered) {
+  ExpertCacheOptions options;
+  options.pool_bytes = pool_bytes;
+  options.loader.mode = mode;
+  auto cache = ExpertCache::Create(model.Directory(), options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+std::vector<uint8_t> ViewBytes(const backend::FfnView& v, uint64_t runtime_bytes) {
+  return {v.gate.data, v.gate.data + runtime_bytes};
+}
+
+// Acquire + Release, checking the weights.
+void Use(ExpertCache& cache, const TestModel& model, int layer, int expert) {
+  auto view = cache.Acquire(layer, expert);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const ExpertInfo& info = cache.directory().info(layer, expert);
+  EXPECT_EQ(ViewBytes(*view, info.runtime_bytes), model.ExpectedBlock(layer, expert))
+      << "layer " << layer << " expert " << expert;
+  cache.Release(layer, expert);
+}
+
+TEST(ExpertCache, BlockBytes) {
+  EXPECT_EQ(ExpertCache::BlockBytes(104448, 64 * kKiB), 128 * kKiB);
+  EXPECT_EQ(ExpertCache::BlockBytes(1000, 64 * kKiB), 64 * kKiB);
+  EXPECT_EQ(ExpertCache::BlockBytes(128 * kKiB, 64 * kKiB), 128 * kKiB);
+}
+
+TEST(ExpertCache, CountersAreExact) {
+  const TestModel model = Model("counters");
+  auto cache = Cache(model, 4 * 128 * kKiB);  // 4 experts
+  ASSERT_NE(cache, nullptr);
+  const uint64_t file_bytes = cache->directory().info(0, 0).file_bytes;
+  Use(*cache, model, 0, 0);  // miss
+  Use(*cache, model, 0, 1);  // miss
+  Use(*cache, model, 0, 0);  // hit
+  cache->BeginStep();
+  Use(*cache, model, 1, 3);  // miss
+  Use(*cache, model, 0, 1);  // hit
+  Use(*cache, model, 0, 1);  // hit
+  ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.hits, 3u);
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.loads, 3u);
+  EXPECT_EQ(s.failed_loads, 0u);
+  EXPECT_EQ(s.evictions, 0u);
+  EXPECT_EQ(s.bytes_loaded, 3 * file_bytes);  // buffered: exactly the file bytes
+  EXPECT_DOUBLE_EQ(s.hit_rate(), 0.5);
+  EXPECT_EQ(s.resident_experts, 3u);
+  EXPECT_EQ(s.used_bytes, 3 * 128 * kKiB);
+  EXPECT_EQ(s.free_bytes, 128 * kKiB);
+  EXPECT_EQ(s.capacity_experts, 4u);
+  EXPECT_EQ(s.pinned_experts, 0u);
+  EXPECT_EQ(cache->uses(0, 1), 3u);
+  EXPECT_EQ(cache->residency(0), std::vector<uint64_t>{0b0011});
+  EXPECT_EQ(cache->residency(1), std::vector<uint64_t>{0b1000});
+  // Resident pages are committed; evicting gives them back.
+  EXPECT_EQ(s.committed_bytes, 3 * 128 * kKiB);
+  cache->EvictAll();
+  s = cache->stats();
+  EXPECT_EQ(s.committed_bytes, 0u);
+  EXPECT_EQ(s.evictions, 3u);
+  EXPECT_EQ(s.resident_experts, 0u);
+  EXPECT_EQ(cache->residency(0), std::vector<uint64_t>{0});
+}
+
+TEST(ExpertCache, PinnedExpertsAreNeverEvicted) {
+  const TestModel model = Model("pins");
+  auto cache = Cache(model, 2 * 128 * kKiB);  // 2 experts
+  ASSERT_NE(cache, nullptr);
+  ASSERT_TRUE(cache->Acquire(0, 0).ok());
+  ASSERT_TRUE(cache->Acquire(0, 1).ok());
+  for (int i = 0; i < 5; ++i) cache->BeginStep();
+  // Both pinned: no room, and the error names the budget.
+  auto third = cache->Acquire(1, 0);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("budget of 262144 bytes"), std::string::npos)
+      << third.status();
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 1));
+  EXPECT_FALSE(cache->IsResident(1, 0));
+  EXPECT_EQ(cache->stats().evictions, 0u);
+  EXPECT_EQ(cache->stats().misses, 2u);  // the refused one never started a load
+  // Unpinning one makes room; the other stays.
+  cache->Release(0, 0);
+  Use(*cache, model, 1, 0);
+  EXPECT_FALSE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 1));
+  EXPECT_TRUE(cache->IsPinned(0, 1));
+  // Several pins on one expert: it stays pinned until the last Release.
+  ASSERT_TRUE(cache->Acquire(0, 1).ok());
+  cache->Release(0, 1);
+  EXPECT_TRUE(cache->IsPinned(0, 1));
+  cache->Release(0, 1);
+  EXPECT_FALSE(cache->IsPinned(0, 1));
+}
+
+TEST(ExpertCache, LazyRuleKeepsRecentlyUsedExperts) {
+  const TestModel model = Model("lazy");
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  // A is used often at step 0; B once at step 3. At step 4, B (age 1) is inside the
+  // lazy window although its score is far lower: A (age 4) goes.
+  for (int i = 0; i < 5; ++i) Use(*cache, model, 0, 0);
+  for (int i = 0; i < 3; ++i) cache->BeginStep();
+  Use(*cache, model, 0, 1);
+  cache->BeginStep();
+  Use(*cache, model, 1, 0);
+  EXPECT_FALSE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 1));
+  EXPECT_EQ(cache->stats().lazy_evictions, 0u);
+}
+
+TEST(ExpertCache, LazyWindowIsTwoStepsAfterTheLastUse) {
+  const TestModel model = Model("lazy-window");
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  // B is used at step 0, A at step 1 (many times, so its score is higher).
+  Use(*cache, model, 0, 1);
+  cache->BeginStep();
+  for (int i = 0; i < 5; ++i) Use(*cache, model, 0, 0);
+  cache->BeginStep();  // step 2: B (age 2) is still inside the window, so is A
+  Use(*cache, model, 1, 0);
+  // Both were protected: the lower score (B) went, counted as a lazy eviction.
+  EXPECT_FALSE(cache->IsResident(0, 1));
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  EXPECT_EQ(cache->stats().lazy_evictions, 1u);
+  // Step 4: A (age 3) has left the window, C (age 2) has not: A goes although its
+  // score is higher.
+  cache->BeginStep();
+  cache->BeginStep();
+  Use(*cache, model, 1, 1);
+  EXPECT_FALSE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(1, 0));
+  EXPECT_EQ(cache->stats().lazy_evictions, 1u);
+  EXPECT_EQ(cache->stats().evictions, 2u);
+}
+
+TEST(ExpertCache, FrequencyOutweighsRecencyOutsideTheLazyWindow) {
+  const TestModel model = Model("lrfu");
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  for (int i = 0; i < 5; ++i) Use(*cache, model, 0, 0);  // A: 5 uses at step 0
+  cache->BeginStep();
+  Use(*cache, model, 0, 1);  // B: 1 use at step 1
+  for (int i = 0; i < 4; ++i) cache->BeginStep();
+  // Step 5: both outside the window; A's score 5 * 2^(-5/8) beats B's 2^(-4/8): LRU
+  // would evict A, LRFU evicts B.
+  Use(*cache, model, 1, 0);
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  EXPECT_FALSE(cache->IsResident(0, 1));
+  // Much later the old uses have decayed: now recency wins.
+  for (int i = 0; i < 40; ++i) cache->BeginStep();
+  Use(*cache, model, 1, 0);
+  for (int i = 0; i < 3; ++i) cache->BeginStep();
+  Use(*cache, model, 1, 1);
+  EXPECT_FALSE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(1, 0));
+}
+
+// Layer 0: 128 KiB experts, layer 1: 64 KiB experts, in a 256 KiB pool.
+TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
+  const TestModel model = Model("defrag", {format::GgmlType::kQ8_0, format::GgmlType::kQ4_0});
+  auto cache = Cache(model, 256 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->directory().info(1, 0).runtime_bytes, 55296u);
+  // Four small experts fill the pool; 0 and 2 are used more than 1 and 3.
+  for (int e = 0; e < 4; ++e) Use(*cache, model, 1, e);
+  Use(*cache, model, 1, 0);
+  Use(*cache, model, 1, 2);
+  for (int i = 0; i < 5; ++i) cache->BeginStep();
+  // A big expert: evicting 1 and 3 frees 128 KiB in two separate halves; the
+  // defragmenter moves one small expert to join them.
+  Use(*cache, model, 0, 0);
+  const ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.evictions, 2u);
+  EXPECT_FALSE(cache->IsResident(1, 1));
+  EXPECT_FALSE(cache->IsResident(1, 3));
+  EXPECT_EQ(s.defrag_runs, 1u);
+  EXPECT_EQ(s.defrag_bytes_moved, 64 * kKiB);
+  EXPECT_EQ(s.used_bytes, 256 * kKiB);
+  // The moved expert's bytes moved with it.
+  Use(*cache, model, 1, 0);
+  Use(*cache, model, 1, 2);
+  EXPECT_EQ(cache->stats().misses, 5u);
+}
+
+TEST(ExpertCache, FailedLoadLeavesNothingBehind) {
+  const TestModel model = Model("failed");
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  Use(*cache, model, 0, 0);
+  cache->loader().InjectFault(0, 1, LoaderFault::kIoError);
+  auto bad = cache->Acquire(0, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("layer 0, expert 1"), std::string::npos);
+  EXPECT_FALSE(cache->IsResident(0, 1));
+  ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.failed_loads, 1u);
+  EXPECT_EQ(s.used_bytes, 128 * kKiB);
+  EXPECT_EQ(s.pinned_experts, 0u);
+  Use(*cache, model, 0, 1);  // and then it works
+  EXPECT_EQ(cache->stats().resident_experts, 2u);
+}
+
+TEST(ExpertCache, ChecksumOfTheFirstLoadIsVerifiedLater) {
+  const TestModel model = Model("verify");
+  auto cache = Cache(model, 2 * 128 * kKiB, IoMode::kDirect);
+  ASSERT_NE(cache, nullptr);
+  Use(*cache, model, 1, 1);
+  cache->EvictAll();
+  cache->loader().InjectFault(1, 1, LoaderFault::kChecksumMismatch);
+  auto bad = cache->Acquire(1, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos);
+  Use(*cache, model, 1, 1);
+}
+
+TEST(ExpertCache, ChecksumsFromMetadataCatchTheFirstLoad) {
+  TestModelOptions options;
+  options.write_checksums = true;
+  const TestModel model = testing::WriteTestModel(testing::TempDir("meta"), "m.gguf", options);
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  cache->loader().InjectFault(0, 2, LoaderFault::kChecksumMismatch);
+  auto bad = cache->Acquire(0, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos);
+  Use(*cache, model, 0, 2);
+}
+
+TEST(ExpertCache, PoolTooSmallForOneExpert) {
+  const TestModel model = Model("tiny-pool");
+  ExpertCacheOptions options;
+  options.pool_bytes = 64 * kKiB;
+  auto cache = ExpertCache::Create(model.Directory(), options);
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(cache.status().message().find("65536"), std::string::npos) << cache.status();
+  EXPECT_NE(cache.status().message().find("131072"), std::string::npos) << cache.status();
+}
+
+TEST(ExpertCache, OutsideTheDirectoryIsInvalidArgument) {
+  const TestModel model = Model("outside");
+  auto cache = Cache(model, 2 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->Acquire(2, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Acquire(0, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->Acquire(-1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moert::experts

@@ -1,0 +1,237 @@
+// TieredPool: commit on use and give-back on free (counters, and the kernel's view through
+// mincore), budget errors per tier, the activation ring's lifetimes, and expert moves.
+#include "memory/tiered_pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace moert::memory {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+// Pages of [p, p + bytes) that the kernel reports resident.
+uint64_t ResidentPages(const void* p, uint64_t bytes) {
+  const uint64_t page = 4096;
+  const auto begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{page - 1};
+  const auto end = reinterpret_cast<uintptr_t>(p) + bytes;
+  std::vector<unsigned char> vec((end - begin + page - 1) / page);
+  if (mincore(reinterpret_cast<void*>(begin), end - begin, vec.data()) != 0) return ~uint64_t{0};
+  uint64_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1u;
+  return resident;
+}
+
+std::unique_ptr<TieredPool> MakePool(uint64_t persistent, uint64_t expert, uint64_t activation) {
+  TieredPoolOptions options;
+  options.persistent_bytes = persistent;
+  options.expert_bytes = expert;
+  options.activation_bytes = activation;
+  auto pool = TieredPool::Create(options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *std::move(pool) : nullptr;
+}
+
+TEST(TieredPoolTest, RejectsBadExpertGeometry) {
+  TieredPoolOptions options;
+  options.expert_bytes = 1 * kMiB;
+  options.expert_min_block = 2 * kMiB;  // bigger than the pool
+  auto pool = TieredPool::Create(options);
+  ASSERT_TRUE(absl::IsInvalidArgument(pool.status()));
+  EXPECT_THAT(std::string(pool.status().message()), HasSubstr("expert pool"));
+  options.expert_min_block = 1024;  // below a page
+  EXPECT_TRUE(absl::IsInvalidArgument(TieredPool::Create(options).status()));
+}
+
+TEST(TieredPoolTest, ReservesWithoutCommitting) {
+  auto pool = MakePool(8 * kMiB, 64 * kMiB, 16 * kMiB);
+  ASSERT_NE(pool, nullptr);
+  for (Tier tier : {Tier::kPersistent, Tier::kExpert, Tier::kActivation}) {
+    EXPECT_EQ(pool->stats(tier).committed, 0u) << TierName(tier);
+    EXPECT_EQ(pool->stats(tier).used, 0u) << TierName(tier);
+  }
+  EXPECT_EQ(pool->stats(Tier::kPersistent).reserved, 8 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).reserved, 64 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kActivation).reserved, 16 * kMiB);
+  // Expert blocks are aligned in memory to the minimum block.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->ExpertData(0)) % (64 * kKiB), 0u);
+}
+
+TEST(TieredPoolTest, ExpertCommitAndGiveBackAreObservable) {
+  auto pool = MakePool(0, 16 * kMiB, 0);
+  ASSERT_NE(pool, nullptr);
+  auto block = pool->AllocateExpert(3 * kMiB);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->size, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).used, 4 * kMiB);
+  uint8_t* data = pool->ExpertData(block->offset);
+  EXPECT_EQ(ResidentPages(data, block->size), 0u);  // committed, not yet touched
+  std::memset(data, 0xab, block->size);
+  EXPECT_EQ(ResidentPages(data, block->size), block->size / 4096);
+  const uint64_t offset = block->offset;
+  pool->FreeExpert(offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).used, 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).peak_committed, 4 * kMiB);
+  EXPECT_EQ(ResidentPages(data, 4 * kMiB), 0u);  // given back
+  // The same range again reads as fresh zeros.
+  auto again = pool->AllocateExpert(4 * kMiB);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->offset, offset);
+  EXPECT_EQ(data[0], 0);
+  EXPECT_EQ(data[4 * kMiB - 1], 0);
+}
+
+TEST(TieredPoolTest, ExpertBudgetErrorNamesTierRequestAndFree) {
+  auto pool = MakePool(0, 8 * kMiB, 0);
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->AllocateExpert(4 * kMiB).ok());
+  ASSERT_TRUE(pool->AllocateExpert(2 * kMiB).ok());
+  auto failed = pool->AllocateExpert(3 * kMiB);
+  ASSERT_TRUE(absl::IsResourceExhausted(failed.status()));
+  const std::string message(failed.status().message());
+  EXPECT_THAT(message, HasSubstr("expert pool"));
+  EXPECT_THAT(message, HasSubstr(std::to_string(3 * kMiB) + " bytes"));
+  EXPECT_THAT(message, HasSubstr(std::to_string(2 * kMiB) + " bytes free"));
+  EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocateExpert(0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocateExpert(9 * kMiB).status()));
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 6 * kMiB);
+}
+
+TEST(TieredPoolTest, PersistentArenaBumpsAndCommitsPages) {
+  auto pool = MakePool(1 * kMiB, 64 * kKiB, 0);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->AllocatePersistent(100);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*a) % 64, 0u);
+  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, 4096u);
+  auto b = pool->AllocatePersistent(10000, 4096);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*b) % 4096, 0u);
+  EXPECT_EQ(*b, *a + 4096);
+  EXPECT_EQ(pool->stats(Tier::kPersistent).used, 4096u + 10000u);
+  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, 4096u * 4);
+  std::memset(*b, 1, 10000);  // writable
+  EXPECT_TRUE(pool->Contains(Tier::kPersistent, *b, 10000));
+  auto failed = pool->AllocatePersistent(1 * kMiB);
+  ASSERT_TRUE(absl::IsResourceExhausted(failed.status()));
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("persistent arena"));
+  EXPECT_THAT(std::string(failed.status().message()),
+              HasSubstr(std::to_string(1 * kMiB - 14096) + " of " + std::to_string(1 * kMiB)));
+  EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocatePersistent(0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocatePersistent(8, 3).status()));
+}
+
+TEST(TieredPoolTest, ActivationRingReleasesByLifetimeInOrder) {
+  auto pool = MakePool(0, 64 * kKiB, 64 * kKiB);  // a 16-page ring
+  ASSERT_NE(pool, nullptr);
+  const TierStats empty = pool->stats(Tier::kActivation);
+  EXPECT_EQ(empty.committed, 0u);
+  // Layer scratch: 3 layers of step 0, 4 pages each.
+  std::vector<uint8_t*> scratch;
+  for (uint64_t layer = 0; layer < 3; ++layer) {
+    auto p = pool->AllocateActivation(16 * kKiB, layer);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::memset(*p, static_cast<int>(layer + 1), 16 * kKiB);
+    scratch.push_back(*p);
+  }
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 48 * kKiB);
+  EXPECT_EQ(pool->stats(Tier::kActivation).used, 48 * kKiB);
+  EXPECT_EQ(ResidentPages(scratch[0], 48 * kKiB), 12u);
+  // A lifetime older than the newest live one is refused.
+  EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocateActivation(64, 1).status()));
+  // 32 KiB do not fit (16 KiB left at the end, nothing below the oldest entry).
+  auto full = pool->AllocateActivation(32 * kKiB, 3);
+  ASSERT_TRUE(absl::IsResourceExhausted(full.status()));
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("activation tier"));
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("oldest live lifetime 0"));
+
+  // Release layers 0 and 1: their pages go back, layer 2 keeps its bytes.
+  pool->ReleaseActivations(1);
+  EXPECT_EQ(pool->live_activations(), 1u);
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 16 * kKiB);
+  EXPECT_EQ(ResidentPages(scratch[0], 32 * kKiB), 0u);
+  EXPECT_EQ(scratch[2][0], 3);
+  EXPECT_EQ(scratch[2][16 * kKiB - 1], 3);
+
+  // 24 KiB do not fit at the end (16 KiB), so the ring wraps to its bottom.
+  auto wrapped = pool->AllocateActivation(24 * kKiB, 3);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  EXPECT_EQ(*wrapped, scratch[0]);
+  EXPECT_EQ((*wrapped)[0], 0);  // fresh pages
+  // The skipped 16 KiB at the end count as used until the wrapping entry is released.
+  EXPECT_EQ(pool->stats(Tier::kActivation).used, 16 * kKiB + 16 * kKiB + 24 * kKiB);
+  auto next = pool->AllocateActivation(8 * kKiB, 3);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, scratch[0] + 24 * kKiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(pool->AllocateActivation(1, 4).status()));  // full
+  pool->ReleaseActivations(2);
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 32 * kKiB);
+  // The skipped end stays used until the wrapping entry goes.
+  EXPECT_EQ(pool->stats(Tier::kActivation).used, 16 * kKiB + 24 * kKiB + 8 * kKiB);
+  pool->ReleaseActivations(3);
+  EXPECT_EQ(pool->live_activations(), 0u);
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 0u);
+  EXPECT_EQ(pool->stats(Tier::kActivation).used, 0u);
+  EXPECT_EQ(pool->stats(Tier::kActivation).peak_used, 64 * kKiB);
+  // After emptying, any lifetime may start again.
+  EXPECT_TRUE(pool->AllocateActivation(64, 0).ok());
+}
+
+TEST(TieredPoolTest, StaticActivationsSitBelowTheRing) {
+  auto pool = MakePool(0, 64 * kKiB, 64 * kKiB);
+  ASSERT_NE(pool, nullptr);
+  auto kv = pool->AllocateActivationStatic(20 * kKiB);
+  ASSERT_TRUE(kv.ok());
+  std::memset(*kv, 7, 20 * kKiB);
+  auto s = pool->AllocateActivation(40 * kKiB, 0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_GE(*s, *kv + 20 * kKiB);
+  EXPECT_TRUE(absl::IsFailedPrecondition(pool->AllocateActivationStatic(64).status()));
+  EXPECT_TRUE(absl::IsResourceExhausted(pool->AllocateActivation(8 * kKiB, 1).status()));
+  pool->ReleaseActivations(0);
+  EXPECT_EQ((*kv)[20 * kKiB - 1], 7);  // the KV cache survives ring releases
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 20 * kKiB);
+  pool->ResetActivations();
+  EXPECT_EQ(pool->stats(Tier::kActivation).committed, 0u);
+  EXPECT_EQ(pool->stats(Tier::kActivation).used, 0u);
+  EXPECT_EQ(ResidentPages(*kv, 20 * kKiB), 0u);
+}
+
+TEST(TieredPoolTest, MoveExpertKeepsBytesAndRefusesPinnedBlocks) {
+  auto pool = MakePool(0, 4 * kMiB, 0);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->AllocateExpert(1 * kMiB);
+  auto b = pool->AllocateExpert(1 * kMiB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (uint64_t i = 0; i < 1 * kMiB; ++i) {
+    pool->ExpertData(b->offset)[i] = static_cast<uint8_t>(i * 131 + 7);
+  }
+  pool->PinExpert(b->offset);
+  EXPECT_TRUE(absl::IsFailedPrecondition(pool->MoveExpert(b->offset, 2 * kMiB)));
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 2 * kMiB);
+  pool->UnpinExpert(b->offset);
+  EXPECT_TRUE(absl::IsFailedPrecondition(pool->MoveExpert(b->offset, a->offset)));  // live
+  ASSERT_TRUE(pool->MoveExpert(b->offset, 3 * kMiB).ok());
+  const uint8_t* moved = pool->ExpertData(3 * kMiB);
+  for (uint64_t i = 0; i < 1 * kMiB; ++i) {
+    ASSERT_EQ(moved[i], static_cast<uint8_t>(i * 131 + 7)) << i;
+  }
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 2 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).used, 2 * kMiB);
+  EXPECT_EQ(ResidentPages(pool->ExpertData(b->offset), 1 * kMiB), 0u);  // old range given back
+  EXPECT_EQ(pool->expert_allocator().BlockSize(3 * kMiB), 1 * kMiB);
+}
+
+}  // namespace
+}  // namespace moert::memory

@@ -1,0 +1,369 @@
+// The model with its routed experts in an expert pool (ModelLoadOptions with a memory
+// budget): on the oracle models, pools of 25% and 50% of the expert bytes and the
+// smallest pool that works (k experts: prefill then runs in expert subsets) give the
+// same greedy tokens and the same logits, bit for bit, as fully resident experts, with
+// direct and buffered reads. Failed loads fail the call cleanly and the next call
+// works; a pool or budget too small is a clear load error; the hot set round-trips.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "experts/expert_cache.h"
+#include "experts/loader.h"
+#include "format/gguf.h"
+#include "model/decoder.h"
+#include "model/model.h"
+
+namespace moert::model {
+namespace {
+
+const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
+constexpr int kPromptTokens = 48;
+constexpr int kDecodeSteps = 12;
+
+const format::GgufFile& File(const std::string& name) {
+  static auto* files = new std::map<std::string, std::unique_ptr<format::GgufFile>>();
+  auto it = files->find(name);
+  if (it == files->end()) {
+    auto file = format::GgufFile::Open(kModels + name);
+    EXPECT_TRUE(file.ok()) << file.status();
+    it = files->emplace(name, std::move(*file)).first;
+  }
+  return *it->second;
+}
+
+ModelLoadOptions Options() {
+  ModelLoadOptions options;
+  options.threads = 2;
+  options.kv_cache_positions = 64;
+  return options;
+}
+
+std::unique_ptr<Model> Load(const std::string& name, const ModelLoadOptions& options) {
+  auto model = Model::Load(File(name), options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// "First Citizen:\nBefore we proceed", then ids that spread over the experts.
+std::vector<int32_t> Prompt() {
+  std::vector<int32_t> ids = {1, 650, 996, 2007, 13, 2026, 1985, 565, 341, 586, 1749};
+  uint32_t state = 12345;
+  while (ids.size() < kPromptTokens) {
+    state = state * 1103515245u + 12345u;
+    ids.push_back(static_cast<int32_t>((state >> 8) % 2048));
+  }
+  return ids;
+}
+
+int32_t Argmax(const float* logits, size_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
+struct Generation {
+  std::vector<float> prefill;  // every prompt token's logits
+  std::vector<int32_t> tokens;
+  std::vector<float> decode;   // each step's logits
+};
+
+// A prefill batch, then greedy decoding one token at a time.
+Generation Generate(Model& model) {
+  Generation g;
+  auto cache = model.NewKvCache(64);
+  EXPECT_TRUE(cache.ok());
+  const std::vector<int32_t> prompt = Prompt();
+  absl::Status s = model.Forward(prompt, cache->get(), LogitsFor::kAll, &g.prefill);
+  EXPECT_TRUE(s.ok()) << s;
+  const size_t vocab = model.spec().n_vocab;
+  if (g.prefill.size() != prompt.size() * vocab) return g;
+  int32_t next = Argmax(g.prefill.data() + (prompt.size() - 1) * vocab, vocab);
+  std::vector<float> logits;
+  for (int i = 0; i < kDecodeSteps; ++i) {
+    g.tokens.push_back(next);
+    s = model.Forward({&next, 1}, cache->get(), LogitsFor::kLast, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return g;
+    g.decode.insert(g.decode.end(), logits.begin(), logits.end());
+    next = Argmax(logits.data(), vocab);
+  }
+  return g;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const Generation& Reference(const std::string& name) {
+  static auto* refs = new std::map<std::string, Generation>();
+  auto it = refs->find(name);
+  if (it == refs->end()) {
+    std::unique_ptr<Model> model = Load(name, Options());
+    it = refs->emplace(name, model != nullptr ? Generate(*model) : Generation()).first;
+  }
+  return it->second;
+}
+
+struct PoolCase {
+  std::string model;
+  double fraction;  // 0: the smallest pool, k experts
+  experts::IoMode io;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<PoolCase>& test) {
+  std::string name = test.param.model.find("q4_0") != std::string::npos ? "q4_0" : "q8_0";
+  name += test.param.fraction == 0 ? "_k_experts"
+                                   : "_" + std::to_string(static_cast<int>(test.param.fraction * 100)) +
+                                         "pct";
+  return name + "_" + std::string(experts::IoModeName(test.param.io));
+}
+
+class ExpertPoolTest : public ::testing::TestWithParam<PoolCase> {};
+
+TEST_P(ExpertPoolTest, GreedyTokensAndLogitsMatchFullyResident) {
+  const PoolCase& c = GetParam();
+  const Generation& want = Reference(c.model);
+  ASSERT_EQ(want.tokens.size(), size_t{kDecodeSteps});
+
+  ModelLoadOptions options = Options();
+  options.io_mode = c.io;
+  if (c.fraction > 0) {
+    options.expert_pool_fraction = c.fraction;
+  } else {
+    // Exactly the k = 2 experts one token needs: every prefill layer runs in subsets.
+    const experts::ExpertDirectory dir =
+        *experts::ExpertDirectory::Build(File(c.model), 4, 8, 256, 512);
+    options.expert_pool_bytes = 2 * experts::ExpertCache::BlockBytes(dir.max_runtime_bytes(),
+                                                                     64 << 10);
+  }
+  std::unique_ptr<Model> model = Load(c.model, options);
+  ASSERT_NE(model, nullptr);
+  const MemoryStats before = model->memory_stats();
+  ASSERT_TRUE(before.expert_pool);
+  EXPECT_EQ(before.pool.resident_experts, 0u);
+  if (c.fraction > 0) {
+    EXPECT_EQ(before.pool.capacity_experts, static_cast<uint64_t>(32 * c.fraction));
+  } else {
+    EXPECT_EQ(before.pool.capacity_experts, 2u);
+  }
+
+  const Generation got = Generate(*model);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_TRUE(SameBits(got.prefill, want.prefill)) << "prefill logits differ";
+  EXPECT_TRUE(SameBits(got.decode, want.decode)) << "decode logits differ";
+
+  const MemoryStats s = model->memory_stats();
+  EXPECT_GT(s.pool.misses, 0u);
+  EXPECT_GT(s.pool.evictions, 0u);  // every pool here is smaller than the experts used
+  EXPECT_EQ(s.pool.failed_loads, 0u);
+  EXPECT_EQ(s.pool.pinned_experts, 0u);
+  EXPECT_LE(s.pool.used_bytes, s.pool.pool_bytes);
+  EXPECT_LE(s.pool.peak_committed_bytes, s.pool.pool_bytes);
+  EXPECT_EQ(s.budget_bytes,
+            s.persistent_bytes + s.kv_cache_bytes + s.scratch_bytes + s.pool.pool_bytes);
+  // Direct reads, or the fallback and why.
+  if (c.io == experts::IoMode::kDirect && s.io_mode != "direct") {
+    EXPECT_EQ(s.io_mode, "buffered");
+    EXPECT_NE(s.io_fallback.find("O_DIRECT"), std::string::npos) << s.io_fallback;
+    std::printf("%s: O_DIRECT refused here: %s\n", CaseName({c, 0}).c_str(),
+                s.io_fallback.c_str());
+  } else {
+    EXPECT_EQ(s.io_mode, experts::IoModeName(c.io));
+    EXPECT_EQ(s.io_fallback, "");
+  }
+  std::printf("%s: %llu hits, %llu misses, %llu evictions, %.1f MiB read\n",
+              CaseName({c, 0}).c_str(), static_cast<unsigned long long>(s.pool.hits),
+              static_cast<unsigned long long>(s.pool.misses),
+              static_cast<unsigned long long>(s.pool.evictions),
+              static_cast<double>(s.pool.bytes_loaded) / (1 << 20));
+}
+
+std::vector<PoolCase> Cases() {
+  std::vector<PoolCase> cases;
+  for (const char* model : {"tiny-moe-shakespeare-q4_0.gguf", "tiny-moe-shakespeare-q8_0.gguf"}) {
+    for (double fraction : {0.25, 0.5}) {
+      for (experts::IoMode io : {experts::IoMode::kDirect, experts::IoMode::kBuffered}) {
+        cases.push_back({model, fraction, io});
+      }
+    }
+    cases.push_back({model, 0.0, experts::IoMode::kDirect});
+    cases.push_back({model, 0.0, experts::IoMode::kMmap});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Oracle, ExpertPoolTest, ::testing::ValuesIn(Cases()), CaseName);
+
+struct FaultCase {
+  experts::LoaderFault fault;
+  const char* message;
+};
+
+class ExpertPoolFaultTest : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(ExpertPoolFaultTest, FailsTheCallCleanlyAndTheNextOneWorks) {
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  const Generation& want = Reference(name);
+  ModelLoadOptions options = Options();
+  options.expert_pool_fraction = 0.25;
+  std::unique_ptr<Model> model = Load(name, options);
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  const std::vector<int32_t> prompt = Prompt();
+  auto kv = model->NewKvCache(64);
+  ASSERT_TRUE(kv.ok());
+  std::vector<float> logits;
+  if (GetParam().fault == experts::LoaderFault::kChecksumMismatch) {
+    // Checksums come from the first loads; then every expert is read again.
+    ASSERT_TRUE(model->Forward(prompt, kv->get(), LogitsFor::kAll, &logits).ok());
+    (*kv)->Truncate(0);
+    cache->EvictAll();
+  }
+  // Whichever experts of layer 2 the prompt needs, its first load fails.
+  for (int e = 0; e < 8; ++e) cache->loader().InjectFault(2, e, GetParam().fault);
+  absl::Status s = model->Forward(prompt, kv->get(), LogitsFor::kAll, &logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  const std::string message(s.message());
+  EXPECT_NE(message.find("layer 2, expert "), std::string::npos) << message;
+  EXPECT_NE(message.find("file offset"), std::string::npos) << message;
+  EXPECT_NE(message.find(GetParam().message), std::string::npos) << message;
+  EXPECT_EQ((*kv)->size(), 0);  // the KV cache is as it was
+  const MemoryStats after_failure = model->memory_stats();
+  EXPECT_EQ(after_failure.pool.failed_loads, 1u);
+  EXPECT_EQ(after_failure.pool.pinned_experts, 0u);
+
+  for (int e = 0; e < 8; ++e) cache->loader().InjectFault(2, e, GetParam().fault, 0);
+  ASSERT_TRUE(model->Forward(prompt, kv->get(), LogitsFor::kAll, &logits).ok());
+  EXPECT_TRUE(SameBits(logits, want.prefill));
+  EXPECT_EQ((*kv)->size(), kPromptTokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, ExpertPoolFaultTest,
+    ::testing::Values(FaultCase{experts::LoaderFault::kShortRead, "short read"},
+                      FaultCase{experts::LoaderFault::kIoError, "Input/output error"},
+                      FaultCase{experts::LoaderFault::kChecksumMismatch, "checksum mismatch"}),
+    [](const auto& test) {
+      return std::string(test.param.fault == experts::LoaderFault::kShortRead ? "ShortRead"
+                         : test.param.fault == experts::LoaderFault::kIoError ? "IoError"
+                                                                              : "ChecksumMismatch");
+    });
+
+TEST(ExpertPool, PoolTooSmallForOneTokensExpertsIsALoadError) {
+  ModelLoadOptions options = Options();
+  options.expert_pool_bytes = 256 << 10;  // one Q4_0 expert (a 256 KiB block)
+  auto model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(model.status().message());
+  EXPECT_NE(message.find("expert pool of 262144 bytes holds 1 experts"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("needs 2 experts"), std::string::npos) << message;
+  EXPECT_NE(message.find("524288 bytes"), std::string::npos) << message;
+}
+
+TEST(ExpertPool, BudgetBelowThePersistentPartIsALoadError) {
+  ModelLoadOptions options = Options();
+  options.memory_budget_bytes = 1 << 20;
+  auto model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(model.status().message());
+  EXPECT_NE(message.find("memory budget of 1048576 bytes cannot hold the persistent weights ("),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("64 positions"), std::string::npos) << message;
+}
+
+TEST(ExpertPool, BudgetSizesThePool) {
+  const std::string name = "tiny-moe-shakespeare-q8_0.gguf";
+  ModelLoadOptions options = Options();
+  options.expert_pool_fraction = 1.0;
+  std::unique_ptr<Model> full = Load(name, options);
+  ASSERT_NE(full, nullptr);
+  const MemoryStats m = full->memory_stats();
+  EXPECT_EQ(m.pool.capacity_experts, 32u);
+  EXPECT_EQ(m.all_experts_bytes, 32u * (512 << 10));
+  EXPECT_EQ(m.experts_per_token, 2u);
+  // A budget that leaves room for 5 experts and a little more.
+  const uint64_t fixed = m.persistent_bytes + m.kv_cache_bytes + m.scratch_bytes;
+  options = Options();
+  options.memory_budget_bytes = fixed + 5 * (512 << 10) + 1000;
+  std::unique_ptr<Model> model = Load(name, options);
+  ASSERT_NE(model, nullptr);
+  const MemoryStats s = model->memory_stats();
+  EXPECT_EQ(s.budget_bytes, options.memory_budget_bytes);
+  EXPECT_EQ(s.pool.capacity_experts, 5u);
+  const Generation got = Generate(*model);
+  EXPECT_EQ(got.tokens, Reference(name).tokens);
+  EXPECT_TRUE(SameBits(got.decode, Reference(name).decode));
+  // Pool and budget together must fit.
+  options.expert_pool_bytes = 6 * (512 << 10);
+  auto too_big = Model::Load(File(name), options);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("cannot hold an expert pool of 3145728 bytes"),
+            std::string::npos)
+      << too_big.status();
+}
+
+TEST(ExpertPool, ReferencePathAndFloatExpertsAreRejected) {
+  ModelLoadOptions options = Options();
+  options.expert_pool_fraction = 0.5;
+  options.quantized_kernels = false;
+  auto model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("quantized_kernels"), std::string::npos);
+  options.quantized_kernels = true;
+  model = Model::Load(File("tiny-moe-shakespeare-f32.gguf"), options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("blk.0.ffn_gate_exps.weight"), std::string::npos)
+      << model.status();
+  options.expert_pool_fraction = 1.5;
+  model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExpertPool, HotSetIsSavedAndLoadedFirst) {
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  const std::string dir =
+      ::testing::TempDir() + "/moert-expert-pool-hot-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ModelLoadOptions options = Options();
+  options.expert_pool_fraction = 0.5;
+  options.hot_set = true;
+  options.hot_set_path = dir + "/tiny.moert-hot";
+  {
+    std::unique_ptr<Model> model = Load(name, options);
+    ASSERT_NE(model, nullptr);
+    EXPECT_EQ(model->memory_stats().hot_set_preloaded, 0u);  // none yet
+    Generate(*model);
+    ASSERT_TRUE(model->SaveHotSet().ok());
+  }
+  ASSERT_TRUE(std::filesystem::exists(options.hot_set_path));
+  std::unique_ptr<Model> model = Load(name, options);
+  ASSERT_NE(model, nullptr);
+  const MemoryStats loaded = model->memory_stats();
+  EXPECT_EQ(loaded.hot_set_preloaded, 16u);  // the pool's size
+  EXPECT_EQ(loaded.pool.resident_experts, 16u);
+  EXPECT_EQ(loaded.pool.misses, 0u);
+  const Generation got = Generate(*model);
+  EXPECT_TRUE(SameBits(got.decode, Reference(name).decode));
+  EXPECT_GT(model->memory_stats().pool.hits, 0u);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moert::model

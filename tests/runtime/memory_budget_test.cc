@@ -1,0 +1,150 @@
+// The memory budget through the public C++ API: an expert pool gives the same greedy
+// tokens as fully resident experts, its figures reach GenerationStats, bad options and
+// a budget below the weights are clear errors, and the hot set is written beside the
+// model when the model is unloaded and read back at the next load.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moert/runtime.h"
+
+namespace moert {
+namespace {
+
+const std::string kQ4Model = std::string(MOERT_SHARED_DIR) + "/models/tiny-moe-shakespeare-q4_0.gguf";
+
+RuntimeOptions Options() {
+  RuntimeOptions options;
+  options.threads = 1;
+  options.context_length = 64;
+  options.hot_set = false;  // tests never write beside the shared models
+  return options;
+}
+
+GenerateRequest Greedy(int max_tokens) {
+  GenerateRequest request;
+  request.prompt = "ROMEO:";
+  request.max_tokens = max_tokens;
+  request.temperature = 0.0f;
+  return request;
+}
+
+std::unique_ptr<MoERuntime> Loaded(const RuntimeOptions& options, const std::string& path) {
+  std::unique_ptr<MoERuntime> runtime;
+  Status status = MoERuntime::Create(options, &runtime);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  if (!status.ok()) return nullptr;
+  status = runtime->LoadModel(path);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return status.ok() ? std::move(runtime) : nullptr;
+}
+
+std::vector<int32_t> GreedyTokens(MoERuntime& runtime, int n) {
+  GenerateResult result;
+  const Status status = runtime.Generate(Greedy(n), {}, &result);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return result.tokens;
+}
+
+TEST(MemoryBudgetTest, PoolGivesTheSameTokensAndReportsItsFigures) {
+  auto resident = Loaded(Options(), kQ4Model);
+  ASSERT_NE(resident, nullptr);
+  const std::vector<int32_t> want = GreedyTokens(*resident, 24);
+  EXPECT_EQ(resident->Stats().budget_bytes, 0);
+  EXPECT_EQ(resident->Stats().expert_pool_bytes, 0);
+
+  for (IoMode io : {IoMode::kDirect, IoMode::kBuffered, IoMode::kMmap}) {
+    RuntimeOptions options = Options();
+    options.expert_pool_fraction = 0.25;
+    options.io_mode = io;
+    auto pooled = Loaded(options, kQ4Model);
+    ASSERT_NE(pooled, nullptr);
+    EXPECT_EQ(GreedyTokens(*pooled, 24), want) << "io mode " << static_cast<int>(io);
+    const GenerationStats s = pooled->Stats();
+    EXPECT_EQ(s.expert_pool_bytes, 2 << 20);  // 8 of the 32 experts' 256 KiB blocks
+    EXPECT_GT(s.budget_bytes, s.expert_pool_bytes);
+    EXPECT_GT(s.expert_pool_used_bytes, 0);
+    EXPECT_EQ(s.expert_pool_used_bytes + s.expert_pool_free_bytes, s.expert_pool_bytes);
+    EXPECT_GE(s.expert_pool_fragmentation, 0.0);
+    EXPECT_GE(s.expert_hit_rate, 0.0);
+    EXPECT_LT(s.expert_hit_rate, 1.0);
+    EXPECT_GT(s.expert_bytes_read_per_token, 0.0);
+    EXPECT_GE(s.expert_stall_ms_per_token, 0.0);
+    EXPECT_GT(s.peak_rss_bytes, 0);
+  }
+}
+
+TEST(MemoryBudgetTest, BadOptionsAndTooSmallBudgets) {
+  std::unique_ptr<MoERuntime> runtime;
+  RuntimeOptions options = Options();
+  options.memory_budget_bytes = -1;
+  EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
+  options = Options();
+  options.expert_pool_fraction = 1.5;
+  Status status = MoERuntime::Create(options, &runtime);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("expert_pool_fraction"), std::string::npos);
+
+  ASSERT_TRUE(MoERuntime::Create(Options(), &runtime).ok());
+  options = Options();
+  options.memory_budget_bytes = 1 << 20;
+  ASSERT_TRUE(runtime->SetOptions(options).ok());
+  status = runtime->LoadModel(kQ4Model);
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("memory budget of 1048576 bytes"), std::string::npos)
+      << status.ToString();
+  EXPECT_FALSE(runtime->model_loaded());
+  // One expert's block: less than the two a token needs.
+  options = Options();
+  options.expert_pool_bytes = 256 << 10;
+  ASSERT_TRUE(runtime->SetOptions(options).ok());
+  status = runtime->LoadModel(kQ4Model);
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("needs 2 experts"), std::string::npos) << status.ToString();
+  options.expert_pool_bytes = -5;
+  EXPECT_EQ(runtime->SetOptions(options).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(runtime->options().expert_pool_bytes, 256 << 10);  // unchanged
+  EXPECT_EQ(runtime->SaveHotSet().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(MemoryBudgetTest, HotSetIsWrittenOnUnloadAndReadAtLoad) {
+  const std::string dir =
+      ::testing::TempDir() + "/moert-memory-budget-hot-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model = dir + "/tiny.gguf";
+  std::filesystem::copy_file(kQ4Model, model);
+  RuntimeOptions options = Options();
+  options.hot_set = true;
+  options.expert_pool_fraction = 0.5;
+  std::vector<int32_t> first;
+  double cold_hit_rate = 0;
+  {
+    auto runtime = Loaded(options, model);
+    ASSERT_NE(runtime, nullptr);
+    first = GreedyTokens(*runtime, 16);
+    cold_hit_rate = runtime->Stats().expert_hit_rate;
+    EXPECT_FALSE(std::filesystem::exists(model + ".moert-hot"));
+  }
+  ASSERT_TRUE(std::filesystem::exists(model + ".moert-hot"));
+  std::ifstream in(model + ".moert-hot");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line, "moert-hot 1");
+  // The next start loads those experts first: the same tokens, more hits.
+  auto runtime = Loaded(options, model);
+  ASSERT_NE(runtime, nullptr);
+  EXPECT_EQ(GreedyTokens(*runtime, 16), first);
+  EXPECT_GT(runtime->Stats().expert_hit_rate, cold_hit_rate);
+  EXPECT_TRUE(runtime->SaveHotSet().ok());
+  runtime.reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moert
