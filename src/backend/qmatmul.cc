@@ -14,19 +14,8 @@ namespace {
 // 128-row matrix, large enough that a task streams a few KiB.
 constexpr int64_t kTilesPerTask = 4;
 
-size_t BlockBytes(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kW4:
-      return sizeof(moert_w4_block);
-    case WeightFormat::kW4M:
-      return sizeof(moert_w4m_block);
-    case WeightFormat::kW8:
-      return sizeof(moert_w8_block);
-    case WeightFormat::kW4S24:
-      return sizeof(moert_w4s24_block);
-  }
-  return 0;
-}
+// Bytes of one block of 8 rows by 32 columns (kernels/ukernel.h's structs).
+size_t BlockBytes(WeightFormat format) { return PackedBytes(format, MOERT_NR, MOERT_QK); }
 
 const kernels::GemmConfig& Family(const kernels::KernelConfig& config, WeightFormat format) {
   switch (format) {
