@@ -113,7 +113,7 @@ class Loader {
   LoadResult Run(const Job& job);
   // Reads one part's file bytes into the staging slot `slot`; the span is the bytes.
   absl::StatusOr<std::span<uint8_t>> ReadPart(const ExpertInfo& info, const ExpertPart& part,
-                                              uint8_t* slot, std::optional<LoaderFault> fault,
+                                              uint8_t* slot, const LoaderFault* fault,
                                               uint64_t* bytes_read);
   absl::Status SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
