@@ -1,6 +1,7 @@
 // The C API (include/moert/moert.h) over moert::MoERuntime and moert::Session.
 // Every entry point catches everything: no exception crosses into C.
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -396,12 +397,17 @@ moert_status moert_runtime_set_expert_pool_fraction(moert_runtime* runtime, doub
 }
 
 moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_io_mode mode) {
+  // A C caller may pass any int. Read it as an int: loading a value outside the C
+  // enum's range through the enum type is undefined in C++ (UBSan flags it).
+  int value = 0;
+  static_assert(sizeof(value) == sizeof(mode), "moert_io_mode is an int");
+  std::memcpy(&value, &mode, sizeof(value));
   return SetOption(runtime, "moert_runtime_set_io_mode", [&](moert::RuntimeOptions& o) {
     // An unknown value stays unknown, and SetOptions rejects it.
-    o.io_mode = mode == MOERT_IO_DIRECT     ? moert::IoMode::kDirect
-                : mode == MOERT_IO_BUFFERED ? moert::IoMode::kBuffered
-                : mode == MOERT_IO_MMAP     ? moert::IoMode::kMmap
-                                            : static_cast<moert::IoMode>(mode);
+    o.io_mode = value == MOERT_IO_DIRECT     ? moert::IoMode::kDirect
+                : value == MOERT_IO_BUFFERED ? moert::IoMode::kBuffered
+                : value == MOERT_IO_MMAP     ? moert::IoMode::kMmap
+                                             : static_cast<moert::IoMode>(value);
   });
 }
 
