@@ -75,6 +75,10 @@ struct Params {
   uint64_t expert_pool_mb = 0;
   double expert_pool_fraction = 0;
   moert::experts::IoMode io = moert::experts::IoMode::kDirect;
+  // Routing (model::ModelLoadOptions::router, resource_monitor).
+  float router_alpha = 1.0f;
+  float dynamic_k = 0;
+  float thermal_limit = 0;
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -115,6 +119,21 @@ auto IntSetter(int Params::*field, int min, int max, std::string_view what) {
     std::optional<int> v = ParseInt(value, min, max);
     if (!v) return StrCat("expected ", what, " from ", min, " to ", max);
     p.*field = *v;
+    return std::nullopt;
+  };
+}
+
+// A setter for a float flag above `low` (or at least it, when `inclusive`) and at most
+// `high`; `what` describes the expected value.
+auto FloatSetter(float Params::*field, float low, bool inclusive, float high, std::string_view what) {
+  return [=](std::string_view value, Params& p) -> std::optional<std::string> {
+    const std::string text(value);
+    char* end = nullptr;
+    const float v = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(inclusive ? v >= low : v > low) || !(v <= high)) {
+      return StrCat("expected ", what);
+    }
+    p.*field = v;
     return std::nullopt;
   };
 }
@@ -212,6 +231,15 @@ const std::vector<Flag>& Flags() {
          p.io = *mode;
          return std::nullopt;
        }},
+      {"", "--router-alpha", "A",
+       "under memory pressure, lower non-resident experts'\ngate logits by A * pressure (default 1; 0: off)",
+       FloatSetter(&Params::router_alpha, 0, true, 1e30f, "a number >= 0")},
+      {"", "--dynamic-k", "P",
+       "each token takes the fewest experts whose routing\nprobability reaches P (default off)",
+       FloatSetter(&Params::dynamic_k, 0, false, 1, "a probability in (0, 1]")},
+      {"", "--thermal-limit", "C",
+       "above C degrees Celsius, one expert fewer per token\n(default 0: no limit)",
+       FloatSetter(&Params::thermal_limit, 0, false, 1e30f, "degrees Celsius > 0")},
   };
   return flags;
 }
@@ -426,6 +454,8 @@ struct TestResult {
   double hit_rate = 0;
   double bytes_read_per_token = 0;
   double stall_ms_per_token = 0;
+  double average_k = 0;        // experts per token-layer during the timed repetitions
+  double router_changed = 0;   // share of token-layers whose choice an adjustment changed
 
   int n_tokens() const { return n_prompt + n_gen; }
   std::string name() const { return n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen); }
@@ -480,6 +510,10 @@ class Bench {
       if (auto s = Decode(**cache, 1); !s.ok()) return s.status();
     }
     const moert::model::MemoryStats before = model_.memory_stats();
+    moert::router::RouterStats routed_before;
+    if (const moert::router::Router* router = model_.router(); router != nullptr) {
+      routed_before = router->stats();
+    }
     for (int i = 0; i < repetitions; ++i) {
       auto ns = n_prompt > 0 ? Prefill(**cache, n_prompt) : Decode(**cache, n_gen);
       if (!ns.ok()) return ns.status();
@@ -494,6 +528,14 @@ class Bench {
     const double tokens = static_cast<double>(repetitions) * r.n_tokens();
     r.bytes_read_per_token = static_cast<double>(a.bytes_loaded - b.bytes_loaded) / tokens;
     r.stall_ms_per_token = static_cast<double>(a.stall_ns - b.stall_ns) / 1e6 / tokens;
+    if (const moert::router::Router* router = model_.router(); router != nullptr) {
+      const moert::router::RouterStats& s = router->stats();
+      const uint64_t n = s.token_layers - routed_before.token_layers;
+      if (n > 0) {
+        r.average_k = static_cast<double>(s.experts - routed_before.experts) / static_cast<double>(n);
+        r.router_changed = static_cast<double>(s.changed - routed_before.changed) / static_cast<double>(n);
+      }
+    }
     return r;
   }
 
@@ -541,6 +583,8 @@ struct RunInfo {
   std::string cpu_info;
   std::string isa;
   int n_threads = 0;
+  float router_alpha = 0;
+  float dynamic_k = 0;
 };
 
 std::string JsonString(std::string_view s) {
@@ -619,6 +663,10 @@ class JsonPrinter : public Printer {
         {"expert_bytes_read_per_token", absl::StrFormat("%.1f", r.bytes_read_per_token)},
         {"expert_stall_ms_per_token", absl::StrFormat("%.6f", r.stall_ms_per_token)},
         {"io_mode", JsonString(r.memory.io_mode)},
+        {"router_alpha", absl::StrFormat("%g", info_.router_alpha)},
+        {"dynamic_k", absl::StrFormat("%g", info_.dynamic_k)},
+        {"average_k", absl::StrFormat("%.4f", r.average_k)},
+        {"router_changed", absl::StrFormat("%.6f", r.router_changed)},
     };
     std::vector<std::string> ts_text;
     for (double t : ts) ts_text.push_back(absl::StrFormat("%.6f", t));
@@ -759,6 +807,8 @@ int Run(const Params& p) {
   // The kernels' ISA actually dispatched (MOERT_ISA if it is usable here).
   info.isa = moert::kernels::IsaName(moert::kernels::GetKernelConfig().isa);
   info.n_threads = p.threads > 0 ? p.threads : static_cast<int>(cores);
+  info.router_alpha = p.router_alpha;
+  info.dynamic_k = p.dynamic_k;
 
   std::unique_ptr<moert::model::Model> model;
   {
@@ -773,6 +823,9 @@ int Run(const Params& p) {
     options.expert_pool_bytes = p.expert_pool_mb << 20;
     options.expert_pool_fraction = p.expert_pool_fraction;
     options.io_mode = p.io;
+    options.router.alpha = p.router_alpha;
+    options.router.dynamic_k_p = p.dynamic_k;
+    options.resource_monitor.thermal_limit_c = p.thermal_limit;
     // Each test has its own KV cache, one after the other.
     options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
     auto loaded = moert::model::Model::Load(**file, options);

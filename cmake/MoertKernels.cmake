@@ -17,6 +17,7 @@ set(MOERT_KERNEL_SOURCES
   ${k}/q8-gemm/q8-gemm-4x8-scalar.cc
   ${k}/q4s24-gemv/q4s24-gemv-1x8-scalar.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-scalar.cc
+  ${k}/f32-topk/f32-topk-scalar.cc
 )
 set(MOERT_KERNEL_DEFINITIONS)
 set(MOERT_KERNEL_OBJECTS)
@@ -32,6 +33,7 @@ set(MOERT_AVX2_KERNEL_SOURCES
   ${k}/q8-gemm/q8-gemm-4x8-avx2.cc
   ${k}/q4s24-gemv/q4s24-gemv-1x8-avx2.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-avx2.cc
+  ${k}/f32-topk/f32-topk-avx2.cc
 )
 # aarch64: NEON with the dot-product extension, and with i8mm.
 set(MOERT_NEONDOT_KERNEL_SOURCES
@@ -44,6 +46,7 @@ set(MOERT_NEONDOT_KERNEL_SOURCES
   ${k}/q8-gemm/q8-gemm-4x8-neondot.cc
   ${k}/q4s24-gemv/q4s24-gemv-1x8-neondot.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-neondot.cc
+  ${k}/f32-topk/f32-topk-neon.cc
 )
 set(MOERT_NEONI8MM_KERNEL_SOURCES
   ${k}/q4-gemm/q4-gemm-4x8-neoni8mm.cc

@@ -53,6 +53,12 @@ struct GemmConfig {
   Isa gemm_isa = Isa::kScalar;
 };
 
+// The MoE router's top-k of the gate scores (ukernel.h, moert_f32_topk_ukernel_fn).
+struct TopKConfig {
+  moert_f32_topk_ukernel_fn topk = nullptr;
+  Isa isa = Isa::kScalar;
+};
+
 struct KernelConfig {
   Isa isa = Isa::kScalar;  // what was asked for (the best available by default)
   QuantConfig q8_quant;
@@ -60,6 +66,7 @@ struct KernelConfig {
   GemmConfig q4m;    // W4M
   GemmConfig q8;     // W8
   GemmConfig q4s24;  // W4S24
+  TopKConfig topk;
 };
 
 // The process-wide config: MOERT_ISA if set and usable, else the best available.

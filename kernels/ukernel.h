@@ -109,4 +109,23 @@ MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__scalar);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__scalar);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__scalar);
 
+// --- f32 top-k (the MoE router's expert choice) ---
+//
+// Writes the indices of the k largest values of x[0..n) to indices[0..k), in
+// descending order of value. The order is total, so the output is unique:
+//  - equal values (+0.0 and -0.0 are equal) go to the lower index first;
+//  - NaN (any sign or payload) ranks below every number, -inf included; NaNs among
+//    themselves go by lower index.
+// Requires 1 <= k <= n <= MOERT_TOPK_MAX_N. Every ISA variant gives exactly the scalar
+// reference's output for every input.
+#define MOERT_TOPK_MAX_N 256
+
+typedef void (*moert_f32_topk_ukernel_fn)(size_t n, const float* x, size_t k,
+                                          uint32_t* indices);
+
+#define MOERT_DECLARE_TOPK(name) \
+  void name(size_t n, const float* x, size_t k, uint32_t* indices)
+
+MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__scalar);
+
 #endif  // MOERT_KERNELS_UKERNEL_H_

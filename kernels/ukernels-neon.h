@@ -20,6 +20,8 @@ MOERT_DECLARE_QGEMM(moert_q8_gemv_ukernel_1x8__neondot);
 MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__neondot);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__neondot);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__neondot);
+// Base NEON only (built with the dotprod list, dispatched with it).
+MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__neon);
 
 // +dotprod+i8mm.
 MOERT_DECLARE_QGEMM(moert_q4_gemm_ukernel_4x8__neoni8mm);
@@ -37,6 +39,7 @@ MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__neoni8mm);
             Isa::kNeonDot);                                                                       \
     SetGemm((c).q4s24, moert_q4s24_gemv_ukernel_1x8__neondot,                                     \
             moert_q4s24_gemm_ukernel_4x8__neondot, 4, Isa::kNeonDot);                             \
+    (c).topk = {moert_f32_topk_ukernel__neon, Isa::kNeonDot};                                     \
   } while (0)
 
 #define MOERT_APPLY_NEONI8MM_KERNELS(c)                                                 \

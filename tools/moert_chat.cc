@@ -63,6 +63,12 @@ constexpr char kUsage[] =
     "                           buffered or mmap\n"
     "  --no-hot-set             with a pool, do not read or write MODEL.gguf.moert-hot\n"
     "                           (the most used experts, loaded first at start)\n"
+    "  --router-alpha A         under memory pressure, lower non-resident experts'\n"
+    "                           gate logits by A * pressure (default 1; 0: off)\n"
+    "  --dynamic-k P            each token takes the fewest experts whose routing\n"
+    "                           probability reaches P (0 < P <= 1; default off)\n"
+    "  --thermal-limit C        above C degrees Celsius, one expert fewer per token\n"
+    "                           (default 0: no limit)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -100,6 +106,9 @@ struct Args {
   float expert_pool_fraction = 0;
   moert::IoMode io = moert::IoMode::kDirect;
   bool hot_set = true;
+  float router_alpha = 1.0f;
+  float dynamic_k = 0;
+  float thermal_limit = 0;
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -185,6 +194,17 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       }
     } else if (arg == "--no-hot-set") {
       args->hot_set = false;
+    } else if (arg == "--router-alpha") {
+      error = float_flag(&args->router_alpha);
+      if (error.empty() && !(args->router_alpha >= 0)) error = bad("a number >= 0");
+    } else if (arg == "--dynamic-k") {
+      error = float_flag(&args->dynamic_k);
+      if (error.empty() && !(args->dynamic_k > 0 && args->dynamic_k <= 1)) {
+        error = bad("a probability in (0, 1]");
+      }
+    } else if (arg == "--thermal-limit") {
+      error = float_flag(&args->thermal_limit);
+      if (error.empty() && !(args->thermal_limit > 0)) error = bad("degrees Celsius > 0");
     } else {
       return "unknown argument '" + std::string(arg) + "' (see --help)";
     }
@@ -335,6 +355,9 @@ int main(int argc, char** argv) {
   options.expert_pool_fraction = args.expert_pool_fraction;
   options.io_mode = args.io;
   options.hot_set = args.hot_set;
+  options.router_alpha = args.router_alpha;
+  options.dynamic_k = args.dynamic_k;
+  options.thermal_limit_c = args.thermal_limit;
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());

@@ -42,6 +42,12 @@ constexpr char kUsage[] =
     "                          routed experts take (1: every expert fits)\n"
     "  --io MODE               how pooled experts are read: direct (default),\n"
     "                          buffered or mmap\n"
+    "  --router-alpha A        under memory pressure, lower non-resident experts'\n"
+    "                          gate logits by A * pressure (default 1; 0: off)\n"
+    "  --dynamic-k P           each token takes the fewest experts whose routing\n"
+    "                          probability reaches P (0 < P <= 1; default off)\n"
+    "  --thermal-limit C       above C degrees Celsius, one expert fewer per token\n"
+    "                          (default 0: no limit)\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -71,6 +77,8 @@ int main(int argc, char** argv) {
   int expert_pool_mb = 0;
   double expert_pool_fraction = 0;
   moert::experts::IoMode io = moert::experts::IoMode::kDirect;
+  moert::router::RouterOptions router;
+  float thermal_limit = 0;
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -92,6 +100,19 @@ int main(int argc, char** argv) {
         Fail(std::string(arg) + " needs " + std::string(what) + ", got '" + v + "'");
         return false;
       }
+      return true;
+    };
+    // A float within [low, high] (an open end when `open_low`).
+    auto number = [&](std::string_view what, float low, bool open_low, float high, float* out) {
+      const char* v = value(what);
+      if (v == nullptr) return false;
+      char* end = nullptr;
+      const float x = std::strtof(v, &end);
+      if (end == v || *end != '\0' || !(open_low ? x > low : x >= low) || !(x <= high)) {
+        Fail(std::string(arg) + " needs " + std::string(what) + ", got '" + v + "'");
+        return false;
+      }
+      *out = x;
       return true;
     };
     if (arg == "-m" || arg == "--model") {
@@ -130,6 +151,12 @@ int main(int argc, char** argv) {
         return Fail(std::string(arg) + " needs direct, buffered or mmap, got '" + v + "'");
       }
       io = *mode;
+    } else if (arg == "--router-alpha") {
+      if (!number("a number >= 0", 0, false, 1e30f, &router.alpha)) return 1;
+    } else if (arg == "--dynamic-k") {
+      if (!number("a probability in (0, 1]", 0, true, 1, &router.dynamic_k_p)) return 1;
+    } else if (arg == "--thermal-limit") {
+      if (!number("degrees Celsius > 0", 0, true, 1e30f, &thermal_limit)) return 1;
     } else {
       return Fail("unknown argument '" + std::string(arg) + "' (see --help)");
     }
@@ -160,6 +187,8 @@ int main(int argc, char** argv) {
   load_options.expert_pool_fraction = expert_pool_fraction;
   load_options.io_mode = io;
   load_options.kv_cache_positions = n_ctx;
+  load_options.router = router;
+  load_options.resource_monitor.thermal_limit_c = thermal_limit;
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
 
@@ -208,6 +237,15 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(pool.misses),
                  static_cast<unsigned long long>(pool.evictions),
                  static_cast<double>(pool.bytes_loaded) / (1 << 20));
+  }
+  if (const moert::router::Router* r = (*model)->router(); r != nullptr) {
+    const moert::router::RouterStats& s = r->stats();
+    std::fprintf(stderr,
+                 "moert-perplexity: router alpha %g, dynamic k %g: average k %.3f, choice "
+                 "changed at %.2f%% of %llu token-layers\n",
+                 static_cast<double>(router.alpha), static_cast<double>(router.dynamic_k_p),
+                 s.average_k(), 100 * s.changed_fraction(),
+                 static_cast<unsigned long long>(s.token_layers));
   }
   std::printf("PPL = %.4f +/- %.5f\n", result->ppl, result->ppl_error);
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");

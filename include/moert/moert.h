@@ -128,6 +128,8 @@ typedef struct moert_stats {
   double decode_tokens_per_second;   /**< one-token steps per second */
   int64_t peak_rss_bytes;            /**< the process's peak resident memory so far */
   moert_finish_reason finish_reason; /**< why it ended */
+  double average_experts_per_token;  /**< MoE: experts per token and layer (k) */
+  double router_changed_fraction;    /**< MoE: token-layers where residency or heat changed the choice */
 } moert_stats;
 
 /** Memory figures of a session's last generation, with a memory budget or an expert
@@ -261,6 +263,28 @@ MOERT_API moert_status moert_runtime_save_hot_set(moert_runtime* runtime);
 /** The memory figures of the session's last generation. */
 MOERT_API moert_status moert_session_memory_stats(const moert_session* session,
                                                   moert_memory_stats* stats);
+
+/** Routing of mixture-of-experts models, for the models loaded from now on. While the
+ * experts tokens want fit in the expert pool, routing is the model's own, bit for bit.
+ * Under memory pressure a non-resident expert's gate logit is lowered by alpha times the
+ * pressure (in [0, 1]), so resident experts are preferred; 0 turns that off (default 1).
+ * MOERT_INVALID_ARGUMENT for a negative or non-finite alpha. */
+MOERT_API moert_status moert_runtime_set_router_alpha(moert_runtime* runtime, float alpha);
+
+/** Dynamic top-k: each token takes the fewest experts whose routing probabilities sum
+ * to at least p (at most the model's k); 0 (the default): off. MOERT_INVALID_ARGUMENT
+ * outside [0, 1]. */
+MOERT_API moert_status moert_runtime_set_dynamic_k(moert_runtime* runtime, float p);
+
+/** Above this CPU temperature in degrees Celsius each token takes one expert fewer
+ * (never fewer than one); 0 (the default): no limit. MOERT_INVALID_ARGUMENT if
+ * negative. */
+MOERT_API moert_status moert_runtime_set_thermal_limit(moert_runtime* runtime, float celsius);
+
+/** The device temperature as the host app reads it (phones often forbid reading
+ * /sys/class/thermal); NaN: back to sysfs. Applies now and to later loads; may be
+ * called from any thread. */
+MOERT_API moert_status moert_runtime_set_temperature(moert_runtime* runtime, float celsius);
 
 #ifdef __cplusplus
 }

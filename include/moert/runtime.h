@@ -104,6 +104,23 @@ struct RuntimeOptions {
   // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
   // SaveHotSet, and loaded first at the next start.
   bool hot_set = true;
+
+  // Routing (mixture-of-experts models). While the experts a token wants fit in the
+  // pool, routing is the model's own, bit for bit.
+  //
+  // Under memory pressure (the experts wanted in the last steps do not fit the pool)
+  // the router prefers resident experts: a non-resident expert's gate logit is lowered
+  // by router_alpha * pressure (pressure in [0, 1]). 0: off at any pressure (outputs
+  // then equal fully resident experts, as documented above). docs/routing.md
+  // measures the choice of the default.
+  float router_alpha = 1.0f;
+  // Dynamic top-k: each token takes the fewest experts (at least 1, at most the
+  // model's k) whose routing probabilities sum to at least this; 0: off.
+  float dynamic_k = 0;
+  // Above this CPU temperature (degrees Celsius) every token takes one expert fewer
+  // (never fewer than 1); 0: no limit. The temperature is the hottest CPU zone of
+  // /sys/class/thermal, or what SetTemperature reported.
+  float thermal_limit_c = 0;
 };
 
 struct ModelInfo {
@@ -201,6 +218,11 @@ struct GenerationStats {
   double expert_hit_rate = 0;              // experts found resident / experts needed
   double expert_bytes_read_per_token = 0;  // bytes read from the model file
   double expert_stall_ms_per_token = 0;    // time spent waiting for experts to load
+
+  // Routing (mixture-of-experts models; 0 otherwise), over this call's tokens.
+  double average_experts_per_token = 0;  // experts per token and MoE layer (k)
+  double router_changed_fraction = 0;    // token-layers where residency or thermal
+                                         // state changed the experts chosen
 };
 
 // Called once per generated token with the text that became final with it (empty
@@ -288,6 +310,11 @@ class MOERT_API MoERuntime {
   // nothing written without an expert pool or with hot_set off. FailedPrecondition
   // when no model is loaded.
   Status SaveHotSet();
+
+  // The device temperature in degrees Celsius as the host app reads it (phones often
+  // forbid reading /sys/class/thermal), for RuntimeOptions::thermal_limit_c; NaN: back
+  // to reading sysfs. Applies to the loaded model and to those loaded later. Any thread.
+  void SetTemperature(float celsius);
 
  private:
   struct Impl;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 namespace moert::backend {
 namespace {
@@ -141,26 +142,30 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
 
   // Group the pairs by expert: group g runs expert group_expert[g] over pair rows
   // [group_first[g], group_first[g + 1]) of the gathered layout; row_pair maps a
-  // gathered row back to its (token, slot) pair t * k + s.
-  std::vector<int64_t> row_pair(static_cast<size_t>(pairs));
+  // gathered row back to its (token, slot) pair t * k + s. Empty slots (expert -1)
+  // get no row.
+  std::vector<int64_t> row_pair;
   std::vector<int> group_expert;
   std::vector<int64_t> group_first;
   {
-    std::vector<int64_t> order(static_cast<size_t>(pairs));
-    for (int64_t i = 0; i < pairs; ++i) order[static_cast<size_t>(i)] = i;
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (expert_of[static_cast<size_t>(i)] >= 0) order.push_back(i);
+    }
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
       return expert_of[static_cast<size_t>(a)] < expert_of[static_cast<size_t>(b)];
     });
-    for (int64_t r = 0; r < pairs; ++r) {
-      const int e = expert_of[static_cast<size_t>(order[static_cast<size_t>(r)])];
+    row_pair = order;
+    for (size_t r = 0; r < order.size(); ++r) {
+      const int e = expert_of[static_cast<size_t>(order[r])];
       if (group_expert.empty() || group_expert.back() != e) {
         group_expert.push_back(e);
-        group_first.push_back(r);
+        group_first.push_back(static_cast<int64_t>(r));
       }
-      row_pair[static_cast<size_t>(r)] = order[static_cast<size_t>(r)];
     }
-    group_first.push_back(pairs);
+    group_first.push_back(static_cast<int64_t>(order.size()));
   }
+  const int64_t rows = static_cast<int64_t>(row_pair.size());
   const size_t n_groups = group_expert.size();
   std::vector<FfnView> views(n_groups);
   for (size_t g = 0; g < n_groups; ++g) views[g] = expert(group_expert[g]);
@@ -181,7 +186,7 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
 
   // gate/up: h[row] = silu(gate . x) * (up . x), one task per (group, tile chunk).
   const int64_t ff_chunks = (Tiles(n_ff) + kTilesPerTask - 1) / kTilesPerTask;
-  std::vector<float> h(static_cast<size_t>(pairs * n_ff));
+  std::vector<float> h(static_cast<size_t>(rows * n_ff));
   {
     const TaskIndex index(std::vector<size_t>(n_groups, static_cast<size_t>(ff_chunks)));
     pool.ParallelFor(index.total(), [&](size_t task) {
@@ -202,7 +207,7 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
     });
   }
   A8Matrix hq;
-  hq.Quantize(config, pool, h.data(), pairs, n_ff);
+  hq.Quantize(config, pool, h.data(), rows, n_ff);
 
   // down: one task per (group, tile chunk of n_embd rows).
   const int64_t embd_chunks = (Tiles(n_embd) + kTilesPerTask - 1) / kTilesPerTask;
@@ -222,14 +227,16 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
       const int64_t r0 = tile0 * MOERT_NR;
       const int64_t nc = std::min<int64_t>(n_embd - r0, kTilesPerTask * MOERT_NR);
       float y[kTilesPerTask * MOERT_NR];
+      bool first = true;
       for (int s = 0; s < k; ++s) {
+        if (expert_of[static_cast<size_t>(s)] < 0) continue;
         const size_t g = pair_group[static_cast<size_t>(s)];
         const int64_t row = pair_row[static_cast<size_t>(s)];
         RunTiles(config, views[g].down, tile0, nc, hq, row, 1, y, static_cast<size_t>(nc));
         float* o = out + r0;
         if (weights == nullptr) {
           std::copy(y, y + nc, o);
-        } else if (s == 0) {
+        } else if (std::exchange(first, false)) {
           for (int64_t j = 0; j < nc; ++j) o[j] = weights[s] * y[j];
         } else {
           for (int64_t j = 0; j < nc; ++j) o[j] = o[j] + weights[s] * y[j];
@@ -261,12 +268,14 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
   }
   pool.ParallelFor(static_cast<size_t>(n), [&](size_t t) {
     float* o = out + static_cast<int64_t>(t) * n_embd;
+    bool first = true;
     for (int s = 0; s < k; ++s) {
       const int64_t pair = static_cast<int64_t>(t) * k + s;
+      if (expert_of[static_cast<size_t>(pair)] < 0) continue;
       const float* y = pair_out.data() + pair * n_embd;
       if (weights == nullptr) {
         std::copy(y, y + n_embd, o);
-      } else if (s == 0) {
+      } else if (std::exchange(first, false)) {
         for (int64_t j = 0; j < n_embd; ++j) o[j] = weights[pair] * y[j];
       } else {
         for (int64_t j = 0; j < n_embd; ++j) o[j] = o[j] + weights[pair] * y[j];

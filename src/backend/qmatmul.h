@@ -105,7 +105,9 @@ struct FfnView {
 bool CanFuse(const FfnView& w);
 
 // The MoE experts of n tokens: out[t] = sum over slots s < k, in slot order, of
-// weights[t*k+s] * ffn(experts[t*k+s], x[t]) (written, not added). `weights` null:
+// weights[t*k+s] * ffn(experts[t*k+s], x[t]) (written, not added). A slot whose
+// expert is -1 is empty (a token the router gave fewer experts); slot 0 of every
+// token must hold one. `weights` null:
 // k must be 1 and out[t] = ffn(x[t]) (a dense FFN or a shared expert). One token runs
 // every chosen expert's GEMVs with the threads splitting rows; a batch groups its
 // tokens by expert and runs one GEMM per expert over its group.

@@ -132,7 +132,37 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
       }
     }
   }
+  MOERT_RETURN_IF_ERROR(SetUpRouter(file, options));
   if (options.progress) options.progress(1.0f);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
+                                       const ModelLoadOptions& options) {
+  route_observer_ = options.route_observer;
+  for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
+    layers_[il].moe.layer = il;
+    layers_[il].moe.route_observer = &route_observer_;
+  }
+  if (!spec_.is_moe() || options.reference_routing) return absl::OkStatus();
+  MOERT_RETURN_IF_ERROR(router::Router::Validate(options.router));
+  if (!(options.resource_monitor.thermal_limit_c >= 0)) {
+    return absl::InvalidArgumentError(StrCat("thermal limit must be >= 0 degrees C (0: none), got ",
+                                             options.resource_monitor.thermal_limit_c));
+  }
+  monitor_ = std::make_unique<router::ResourceMonitor>(options.resource_monitor);
+  if (expert_cache_ != nullptr) monitor_->set_pool_capacity(expert_cache_->stats().capacity_experts);
+  router_ = std::make_unique<router::Router>(pool_.kernels(), options.router,
+                                             static_cast<int>(spec_.n_layer),
+                                             static_cast<int>(spec_.n_expert), monitor_.get());
+  std::vector<float> bias;
+  if (!options.modality_bias_path.empty()) {
+    MOERT_ASSIGN_OR_RETURN(bias, router::ReadModalityBias(options.modality_bias_path));
+  } else if (file.FindKey(router::kModalityBiasKey) != nullptr) {
+    MOERT_ASSIGN_OR_RETURN(bias, file.GetFloatArray(router::kModalityBiasKey));
+  }
+  MOERT_RETURN_IF_ERROR(router_->SetModalityBias(std::move(bias)));
+  for (LayerWeights& layer : layers_) layer.moe.adaptive_router = router_.get();
   return absl::OkStatus();
 }
 
@@ -348,6 +378,7 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
                                         DecoderKvCache* cache, int64_t first_logit_row,
                                         float* logits) {
   if (expert_cache_ != nullptr) expert_cache_->BeginStep();
+  if (router_ != nullptr) router_->BeginStep();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_embd = spec_.n_embd;
   std::vector<float> x(static_cast<size_t>(n * n_embd));

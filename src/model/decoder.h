@@ -94,6 +94,8 @@ class DecoderModel : public Model {
                        std::vector<float>* logits) override;
   MemoryStats memory_stats() const override;
   absl::Status SaveHotSet() override;
+  router::Router* router() override { return router_.get(); }
+  router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
   // sizes them first and sets up the pool (ModelLoadOptions).
@@ -131,6 +133,12 @@ class DecoderModel : public Model {
   MemoryStats memory_;
   std::unique_ptr<experts::ExpertCache> expert_cache_;
   std::string hot_set_path_;  // empty: no hot set
+  // MoE models: the router and what it knows of the device (null: reference routing).
+  std::unique_ptr<router::ResourceMonitor> monitor_;
+  std::unique_ptr<router::Router> router_;
+  std::function<void(int, int64_t, int, const int*, const float*)> route_observer_;
+  // Sets up router_ (LoadWeights, after the layers and the pool).
+  absl::Status SetUpRouter(const format::GgufFile& file, const ModelLoadOptions& options);
 };
 
 // The pre-norm block every supported architecture uses: x += Attention(Norm(x));

@@ -8,10 +8,12 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "core/status.h"
 #include "experts/expert_cache.h"
+#include "router/router.h"
 
 namespace moert::model {
 namespace {
@@ -363,7 +365,10 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
   const int64_t pairs = xq.n() * k;
   // The batch's distinct experts, resident ones first: hits are pinned before a miss
   // can evict anything.
-  std::vector<int> distinct(chosen, chosen + pairs);
+  std::vector<int> distinct;
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (chosen[p] >= 0) distinct.push_back(chosen[p]);  // -1: an empty slot
+  }
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   std::stable_partition(distinct.begin(), distinct.end(),
@@ -384,7 +389,7 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
     std::vector<int64_t> pair_ids, rows;
     std::vector<int> expert_of;
     for (int64_t p = 0; p < pairs; ++p) {
-      if (!in_subset[static_cast<size_t>(chosen[p])]) continue;
+      if (chosen[p] < 0 || !in_subset[static_cast<size_t>(chosen[p])]) continue;
       pair_ids.push_back(p);
       rows.push_back(p / k);
       expert_of.push_back(chosen[p]);
@@ -431,10 +436,12 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
   // FusedFfn's weighted sum, in slot order.
   pool.ParallelFor(static_cast<size_t>(xq.n()), [&](size_t t) {
     float* o = out + static_cast<int64_t>(t) * n_embd;
+    bool first = true;
     for (int s = 0; s < k; ++s) {
       const int64_t pair = static_cast<int64_t>(t) * k + s;
+      if (chosen[pair] < 0) continue;
       const float* y = pair_out.data() + pair * n_embd;
-      if (s == 0) {
+      if (std::exchange(first, false)) {
         for (int64_t j = 0; j < n_embd; ++j) o[j] = weights[pair] * y[j];
       } else {
         for (int64_t j = 0; j < n_embd; ++j) o[j] = o[j] + weights[pair] * y[j];
@@ -449,14 +456,25 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
 absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
                     float* out) {
   const int64_t n_embd = w.router.cols;
-  const int k = w.n_used;
   std::vector<float> logits(static_cast<size_t>(n * w.n_expert));
   MatMul(pool, w.router, x, n, logits.data());
+  // k: slots per token (the router may leave some empty: expert -1).
+  const int k = w.adaptive_router != nullptr ? w.adaptive_router->slots(w.n_used) : w.n_used;
   std::vector<int> chosen(static_cast<size_t>(n * k));
   std::vector<float> weights(static_cast<size_t>(n * k));
-  for (int64_t t = 0; t < n; ++t) {
-    RouteToken(logits.data() + t * w.n_expert, w.n_expert, k, w.renormalize, chosen.data() + t * k,
-               weights.data() + t * k);
+  if (w.adaptive_router != nullptr) {
+    std::span<const uint64_t> resident;
+    if (w.cache != nullptr) resident = w.cache->residency(w.layer);
+    w.adaptive_router->Route(w.layer, logits.data(), n, w.n_used, w.renormalize, resident,
+                          chosen.data(), weights.data());
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      RouteToken(logits.data() + t * w.n_expert, w.n_expert, k, w.renormalize,
+                 chosen.data() + t * k, weights.data() + t * k);
+    }
+  }
+  if (w.route_observer != nullptr && *w.route_observer) {
+    (*w.route_observer)(w.layer, n, k, chosen.data(), weights.data());
   }
 
   if (w.cache != nullptr || backend::CanFuse(PackedFfn(w.Gate(0), w.Up(0), w.Down(0)))) {
@@ -489,20 +507,26 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
   // The (token, slot) pairs sorted by expert: expert e's group is rows
   // [first_row[e], first_row[e + 1]) of the gathered input, and each expert runs once
   // over its group. All experts (and the shared one) go to the threads together.
+  // Empty slots (expert -1) get no row.
   std::vector<int64_t> first_row(static_cast<size_t>(w.n_expert) + 1, 0);
-  for (int e : chosen) ++first_row[e + 1];
+  for (int e : chosen) {
+    if (e >= 0) ++first_row[e + 1];
+  }
   for (int e = 0; e < w.n_expert; ++e) first_row[e + 1] += first_row[e];
-  std::vector<int64_t> slot_of_row(static_cast<size_t>(n * k));
+  const int64_t n_rows = first_row[static_cast<size_t>(w.n_expert)];
+  std::vector<int64_t> slot_of_row(static_cast<size_t>(n_rows));
   std::vector<int64_t> next(first_row.begin(), first_row.end() - 1);
-  for (int64_t i = 0; i < n * k; ++i) slot_of_row[next[chosen[i]]++] = i;
+  for (int64_t i = 0; i < n * k; ++i) {
+    if (chosen[i] >= 0) slot_of_row[next[chosen[i]]++] = i;
+  }
 
   const int64_t ff = w.n_ff;
-  std::vector<float> xs(static_cast<size_t>(n * k * n_embd));
-  for (int64_t r = 0; r < n * k; ++r) {
+  std::vector<float> xs(static_cast<size_t>(n_rows * n_embd));
+  for (int64_t r = 0; r < n_rows; ++r) {
     const float* src = x + (slot_of_row[r] / k) * n_embd;
     std::copy(src, src + n_embd, xs.begin() + r * n_embd);
   }
-  std::vector<float> gate(static_cast<size_t>(n * k * ff)), up(gate.size());
+  std::vector<float> gate(static_cast<size_t>(n_rows * ff)), up(gate.size());
   std::vector<float> down(xs.size());
   const bool has_shared = !w.shared.empty();
   const int64_t shared_ff = has_shared ? w.shared.gate.rows : 0;
@@ -534,8 +558,8 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
   }
   if (has_shared) jobs.push_back({w.shared.down, shared_h.data(), n, shared_out.data()});
   MatMuls(pool, jobs);
-  std::vector<float> expert_out(down.size());
-  for (int64_t r = 0; r < n * k; ++r) {
+  std::vector<float> expert_out(static_cast<size_t>(n * k * n_embd));
+  for (int64_t r = 0; r < n_rows; ++r) {
     std::copy(down.begin() + r * n_embd, down.begin() + (r + 1) * n_embd,
               expert_out.begin() + slot_of_row[r] * n_embd);
   }
@@ -543,10 +567,12 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
   // Weighted sum in routing order: w0 * e0 + w1 * e1 + ...
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * n_embd;
+    bool first = true;
     for (int s = 0; s < k; ++s) {
+      if (chosen[t * k + s] < 0) continue;
       const float ws = weights[t * k + s];
       const float* e = expert_out.data() + (t * k + s) * n_embd;
-      if (s == 0) {
+      if (std::exchange(first, false)) {
         for (int64_t i = 0; i < n_embd; ++i) o[i] = ws * e[i];
       } else {
         for (int64_t i = 0; i < n_embd; ++i) o[i] += ws * e[i];

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -24,6 +25,9 @@
 namespace moert::experts {
 class ExpertCache;
 }  // namespace moert::experts
+namespace moert::router {
+class Router;
+}  // namespace moert::router
 
 namespace moert::model {
 
@@ -161,6 +165,12 @@ struct MoeWeights {
   // `layer` of `cache` holds them, and gate_exps/up_exps/down_exps stay empty.
   experts::ExpertCache* cache = nullptr;
   int layer = 0;
+  // The hardware-aware router (router/router.h); null: RouteToken, the reference.
+  router::Router* adaptive_router = nullptr;
+  // Called with every batch's routing: n tokens of `slots` experts and weights each
+  // (expert -1: an empty slot). Tests; null or empty: none.
+  const std::function<void(int layer, int64_t n, int slots, const int* experts,
+                           const float* weights)>* route_observer = nullptr;
 
   MatrixView Gate(int e) const;
   MatrixView Up(int e) const;

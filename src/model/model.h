@@ -20,6 +20,8 @@
 #include "format/gguf.h"
 #include "format/model_spec.h"
 #include "kernels/config.h"
+#include "router/resource_monitor.h"
+#include "router/router.h"
 
 namespace moert::model {
 
@@ -87,6 +89,21 @@ struct ModelLoadOptions {
   // The expert cache's tuning (tests); pool_bytes and the loader's mode are set from
   // the fields above.
   experts::ExpertCacheOptions expert_cache;
+
+  // --- Routing (MoE models; router/router.h). The defaults change nothing while the
+  // working set fits the pool: outputs are then those of the reference routing.
+  router::RouterOptions router;
+  // The thermal limit, the thermal zones' root and the pressure window.
+  router::ResourceMonitorOptions resource_monitor;
+  // The modality bias: n_layer * n_expert numbers (whitespace-separated text), read
+  // instead of the model's `moert.router.modality_bias` metadata; empty: the metadata's
+  // (none when absent).
+  std::string modality_bias_path;
+  // true: model::RouteToken, the plain softmax top-k, instead of the router (tests).
+  bool reference_routing = false;
+  // Called with every MoE layer's routing (tests); may be empty.
+  std::function<void(int layer, int64_t n, int slots, const int* experts, const float* weights)>
+      route_observer;
 };
 
 // The model's memory: the budget in force and, with an expert pool, its state and
@@ -141,6 +158,11 @@ class Model {
 
   // The budget and the expert pool (zeros without them).
   virtual MemoryStats memory_stats() const { return {}; }
+  // The router and its resource monitor (null for a dense model or reference routing).
+  // Their setters may be called between Forward calls; ResourceMonitor::SetTemperature
+  // from any thread.
+  virtual router::Router* router() { return nullptr; }
+  virtual router::ResourceMonitor* resource_monitor() { return nullptr; }
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }

@@ -375,10 +375,37 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->decode_tokens_per_second = s.decode_tokens_per_second;
     stats->peak_rss_bytes = s.peak_rss_bytes;
     stats->finish_reason = FromFinish(s.finish_reason);
+    stats->average_experts_per_token = s.average_experts_per_token;
+    stats->router_changed_fraction = s.router_changed_fraction;
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;
   }
+}
+
+moert_status moert_runtime_set_router_alpha(moert_runtime* runtime, float alpha) {
+  return SetOption(runtime, "moert_runtime_set_router_alpha",
+                   [&](moert::RuntimeOptions& o) { o.router_alpha = alpha; });
+}
+
+moert_status moert_runtime_set_dynamic_k(moert_runtime* runtime, float p) {
+  return SetOption(runtime, "moert_runtime_set_dynamic_k",
+                   [&](moert::RuntimeOptions& o) { o.dynamic_k = p; });
+}
+
+moert_status moert_runtime_set_thermal_limit(moert_runtime* runtime, float celsius) {
+  return SetOption(runtime, "moert_runtime_set_thermal_limit",
+                   [&](moert::RuntimeOptions& o) { o.thermal_limit_c = celsius; });
+}
+
+moert_status moert_runtime_set_temperature(moert_runtime* runtime, float celsius) {
+  constexpr char kName[] = "moert_runtime_set_temperature";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    runtime->runtime->SetTemperature(celsius);
+    runtime->last_error.clear();
+    return MOERT_OK;
+  });
 }
 
 moert_status moert_runtime_set_memory_budget(moert_runtime* runtime, int64_t bytes) {

@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,6 +120,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.expert_pool_fraction = options.expert_pool_fraction;
   load_options.io_mode = ToExpertsIoMode(options.io_mode);
   load_options.hot_set = options.hot_set;
+  load_options.router.alpha = options.router_alpha;
+  load_options.router.dynamic_k_p = options.dynamic_k;
+  load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
   // The budget sets the KV cache aside for the context sessions will get.
   if (auto spec = format::ReadModelSpec(gguf); spec.ok()) {
     load_options.kv_cache_positions =
@@ -163,6 +169,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
 
 struct MOERT_RUNTIME_HIDDEN MoERuntime::Impl {
   RuntimeOptions options;
+  float temperature = std::numeric_limits<float>::quiet_NaN();  // SetTemperature's
   std::shared_ptr<runtime::LoadedModel> model;
   // The runtime's own session for one-shot Generate, made on first use.
   std::unique_ptr<Session> one_shot;
@@ -198,6 +205,20 @@ Status CheckOptions(RuntimeOptions* options) {
       options->io_mode != IoMode::kMmap) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("unknown io_mode ", static_cast<int>(options->io_mode)));
+  }
+  if (!(options->router_alpha >= 0) || !std::isfinite(options->router_alpha)) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("router_alpha must be a finite number >= 0 (0: off), got ",
+                         options->router_alpha));
+  }
+  if (!(options->dynamic_k >= 0 && options->dynamic_k <= 1)) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("dynamic_k must be in [0, 1] (0: off), got ", options->dynamic_k));
+  }
+  if (!(options->thermal_limit_c >= 0) || !std::isfinite(options->thermal_limit_c)) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("thermal_limit_c must be >= 0 degrees C (0: none), got ",
+                         options->thermal_limit_c));
   }
   if (options->threads == 0) {
     options->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -238,7 +259,17 @@ Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& pr
   if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
   impl_->model = std::move(*loaded);
   impl_->one_shot.reset();
+  SetTemperature(impl_->temperature);
   return Status();
+}
+
+void MoERuntime::SetTemperature(float celsius) {
+  impl_->temperature = celsius;
+  if (impl_->model == nullptr) return;
+  // The monitor's temperature is atomic: no need to wait for a running Forward.
+  router::ResourceMonitor* monitor = impl_->model->model->resource_monitor();
+  if (monitor == nullptr) return;
+  monitor->SetTemperature(std::isnan(celsius) ? std::nullopt : std::optional<float>(celsius));
 }
 
 bool MoERuntime::model_loaded() const { return impl_->model != nullptr; }

@@ -163,6 +163,12 @@ model::MemoryStats Session::Impl::MemoryStats() const {
   return model_->model->memory_stats();
 }
 
+router::RouterStats Session::Impl::RouterStats() const {
+  std::lock_guard<std::mutex> lock(model_->forward_mutex);
+  const router::Router* r = model_->model->router();
+  return r != nullptr ? r->stats() : router::RouterStats();
+}
+
 size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target) const {
   const size_t in_cache = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
   size_t common = 0;
@@ -344,7 +350,17 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
   const model::MemoryStats before = MemoryStats();
+  const router::RouterStats routed_before = RouterStats();
   const absl::Status status = RunGeneration(request, on_token, out);
+  const router::RouterStats routed = RouterStats();
+  if (const uint64_t n = routed.token_layers - routed_before.token_layers; n > 0) {
+    stats_.average_experts_per_token =
+        static_cast<double>(routed.experts - routed_before.experts) / static_cast<double>(n);
+    stats_.router_changed_fraction =
+        static_cast<double>(routed.changed - routed_before.changed + routed.thermal_drops -
+                            routed_before.thermal_drops) /
+        static_cast<double>(n);
+  }
   stats_.finish_reason = out->finish_reason;
   stats_.peak_rss_bytes = runtime::PeakRssBytes();
   const model::MemoryStats after = MemoryStats();

@@ -191,6 +191,35 @@ TEST_P(QMatMulTest, FusedExpertsMatchFloatSwiGlu) {
   std::vector<float> routed(dense.size());
   FusedFfn(two, config, a, 1, zero.data(), unit.data(), expert, n_embd, routed.data());
   EXPECT_EQ(dense, routed);
+
+  // Empty slots (expert -1, as the router leaves them under dynamic or thermal k): a
+  // token with its second slot empty gives exactly its first expert's weighted output,
+  // in a batch and alone; the other tokens are untouched.
+  std::vector<int> sparse = experts;
+  std::vector<float> sparse_w = weights;
+  for (int64_t t = 1; t < n; t += 2) {
+    sparse[static_cast<size_t>(t * k + 1)] = -1;
+    sparse_w[static_cast<size_t>(t * k + 1)] = 0;
+  }
+  std::vector<float> with_empty(batch.size());
+  FusedFfn(two, config, a, k, sparse.data(), sparse_w.data(), expert, n_embd, with_empty.data());
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> want(static_cast<size_t>(n_embd));
+    if (t % 2 == 0) {
+      std::copy(batch.begin() + t * n_embd, batch.begin() + (t + 1) * n_embd, want.begin());
+    } else {
+      A8Matrix single;
+      single.Quantize(config, one, x.data() + t * n_embd, 1, n_embd);
+      FusedFfn(one, config, single, 1, sparse.data() + t * k, sparse_w.data() + t * k, expert,
+               n_embd, want.data());
+      std::vector<float> alone(want.size());
+      FusedFfn(one, config, single, k, sparse.data() + t * k, sparse_w.data() + t * k, expert,
+               n_embd, alone.data());
+      EXPECT_EQ(alone, want) << "token " << t << " alone";
+    }
+    EXPECT_EQ(std::memcmp(want.data(), with_empty.data() + t * n_embd, want.size() * 4), 0)
+        << "token " << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QMatMulTest,

@@ -44,6 +44,9 @@ ModelLoadOptions Options() {
   ModelLoadOptions options;
   options.threads = 2;
   options.kv_cache_positions = 64;
+  // The residency penalty off: with it, the router prefers resident experts under
+  // pressure and the tokens may differ from fully resident ones by design.
+  options.router.alpha = 0;
   return options;
 }
 

@@ -179,6 +179,8 @@ int main(int argc, char** argv) {
   CHECK(stats.prefill_tokens_per_second > 0 && stats.decode_tokens_per_second > 0);
   CHECK(stats.time_to_first_token_ms > 0);
   CHECK(stats.peak_rss_bytes > 0);
+  CHECK(stats.average_experts_per_token == 2.0); /* the oracle model's top-2 */
+  CHECK(stats.router_changed_fraction == 0.0);
 
   /* Cancel through the callback's return value, after 5 tokens. */
   CHECK_STATUS(moert_session_reset(session), MOERT_OK);
@@ -290,6 +292,16 @@ int main(int argc, char** argv) {
     CHECK_STATUS(moert_runtime_set_hot_set(runtime, 0), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_io_mode(runtime, MOERT_IO_BUFFERED), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.25), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_router_alpha(runtime, -1.0f), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(runtime), "router_alpha") != NULL);
+    CHECK_STATUS(moert_runtime_set_dynamic_k(runtime, 1.5f), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_thermal_limit(runtime, -3.0f), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_temperature(NULL, 40.0f), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_temperature(runtime, 40.0f), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_thermal_limit(runtime, 0.0f), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_dynamic_k(runtime, 0.0f), MOERT_OK);
+    /* Budgeted output equals fully resident with the residency penalty off. */
+    CHECK_STATUS(moert_runtime_set_router_alpha(runtime, 0.0f), MOERT_OK);
     CHECK(strcmp(moert_last_error(runtime), "") == 0);
     /* A budget too small for the weights outside the pool. */
     CHECK_STATUS(moert_runtime_set_memory_budget(runtime, 1 << 20), MOERT_OK);

@@ -2,6 +2,7 @@
 // tokens as fully resident experts, its figures reach GenerationStats, bad options and
 // a budget below the weights are clear errors, and the hot set is written beside the
 // model when the model is unloaded and read back at the next load.
+#include <cmath>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ TEST(MemoryBudgetTest, PoolGivesTheSameTokensAndReportsItsFigures) {
     RuntimeOptions options = Options();
     options.expert_pool_fraction = 0.25;
     options.io_mode = io;
+    options.router_alpha = 0;  // the residency penalty would change routing by design
     auto pooled = Loaded(options, kQ4Model);
     ASSERT_NE(pooled, nullptr);
     EXPECT_EQ(GreedyTokens(*pooled, 24), want) << "io mode " << static_cast<int>(io);
@@ -77,6 +79,62 @@ TEST(MemoryBudgetTest, PoolGivesTheSameTokensAndReportsItsFigures) {
     EXPECT_GE(s.expert_stall_ms_per_token, 0.0);
     EXPECT_GT(s.peak_rss_bytes, 0);
   }
+}
+
+TEST(MemoryBudgetTest, RoutingOptionsAndTheirStats) {
+  RuntimeOptions options = Options();
+  options.router_alpha = -1;
+  std::unique_ptr<MoERuntime> runtime;
+  Status status = MoERuntime::Create(options, &runtime);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("router_alpha"), std::string::npos);
+  options = Options();
+  options.dynamic_k = 2;
+  EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
+  options = Options();
+  options.thermal_limit_c = -1;
+  EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
+
+  // Fully resident, no limit: the model's k = 2 everywhere, nothing changed.
+  auto resident = Loaded(Options(), kQ4Model);
+  ASSERT_NE(resident, nullptr);
+  GreedyTokens(*resident, 8);
+  EXPECT_EQ(resident->Stats().average_experts_per_token, 2.0);
+  EXPECT_EQ(resident->Stats().router_changed_fraction, 0.0);
+
+  // Too hot, as the host app reports it: one expert per token.
+  options = Options();
+  options.thermal_limit_c = 70;
+  auto hot = Loaded(options, kQ4Model);
+  ASSERT_NE(hot, nullptr);
+  hot->SetTemperature(90);
+  GreedyTokens(*hot, 8);
+  EXPECT_EQ(hot->Stats().average_experts_per_token, 1.0);
+  EXPECT_EQ(hot->Stats().router_changed_fraction, 1.0);
+  hot->SetTemperature(std::nanf(""));  // back to sysfs (none here, or below 70)
+  hot->SetTemperature(20);
+  GreedyTokens(*hot, 8);
+  EXPECT_EQ(hot->Stats().average_experts_per_token, 2.0);
+
+  // Dynamic k: between one and two experts.
+  options = Options();
+  options.dynamic_k = 0.6f;
+  auto dynamic = Loaded(options, kQ4Model);
+  ASSERT_NE(dynamic, nullptr);
+  GreedyTokens(*dynamic, 8);
+  EXPECT_GT(dynamic->Stats().average_experts_per_token, 1.0);
+  EXPECT_LT(dynamic->Stats().average_experts_per_token, 2.0);
+
+  // A quarter of the experts in the pool and a strong residency penalty: some choices
+  // move to resident experts.
+  options = Options();
+  options.expert_pool_fraction = 0.25;
+  options.router_alpha = 4;
+  auto pressed = Loaded(options, kQ4Model);
+  ASSERT_NE(pressed, nullptr);
+  GreedyTokens(*pressed, 16);
+  EXPECT_GT(pressed->Stats().router_changed_fraction, 0.0);
+  EXPECT_EQ(pressed->Stats().average_experts_per_token, 2.0);
 }
 
 TEST(MemoryBudgetTest, BadOptionsAndTooSmallBudgets) {

@@ -11,6 +11,7 @@
 #                                tool left nothing there
 #   -D EMULATOR="qemu;..." (optional)
 #   -D EXPERT_POOL=1 (optional)  the run has an expert pool: its figures must be set
+#   -D AVERAGE_K="lo,hi" (optional) the range every record's average_k must be in
 set(isa "scalar")  # always available; the record must report the ISA in use
 set(ENV{MOERT_ISA} "${isa}")
 if(TEMP_DIR)
@@ -98,7 +99,8 @@ set(string_fields build_commit cpu_info backends model_filename model_type type_
 set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg_ns stddev_ns
     avg_ts stddev_ts peak_rss_bytes budget_bytes expert_pool_bytes expert_pool_used_bytes
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate
-    expert_bytes_read_per_token expert_stall_ms_per_token)
+    expert_bytes_read_per_token expert_stall_ms_per_token router_alpha dynamic_k average_k
+    router_changed)
 set(i 0)
 foreach(test IN LISTS TESTS)
   string(REPLACE "," ";" test "${test}")
@@ -134,6 +136,15 @@ foreach(test IN LISTS TESTS)
       fail("record ${i}: ${field} is ${v}, expected > 0")
     endif()
   endforeach()
+  if(AVERAGE_K)
+    json_get(average_k ${i} average_k)
+    string(REPLACE "," ";" range "${AVERAGE_K}")
+    list(GET range 0 lo)
+    list(GET range 1 hi)
+    if(average_k LESS lo OR average_k GREATER hi)
+      fail("record ${i}: average_k ${average_k} is not in [${lo}, ${hi}]")
+    endif()
+  endif()
   # The memory figures: set with an expert pool, zero without one.
   json_get(budget ${i} budget_bytes)
   json_get(pool ${i} expert_pool_bytes)

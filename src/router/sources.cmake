@@ -1,0 +1,5 @@
+# Sources of src/router (paths relative to src/).
+list(APPEND MOERT_SOURCES
+  router/resource_monitor.cc
+  router/router.cc
+)

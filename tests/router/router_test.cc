@@ -1,0 +1,355 @@
+// The hardware-aware router and its resource monitor: bit-identical to the reference
+// routing (model::RouteToken) with no adjustment in force, and each adjustment
+// (residency under pressure, modality bias, thermal k, dynamic k) doing what
+// router/router.h says, on hand-made logits.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/config.h"
+#include "model/layers.h"
+#include "router/resource_monitor.h"
+#include "router/router.h"
+
+namespace moert::router {
+namespace {
+
+std::vector<uint64_t> Bitmap(int n_expert, std::initializer_list<int> resident) {
+  std::vector<uint64_t> bits(static_cast<size_t>((n_expert + 63) / 64), 0);
+  for (int e : resident) bits[static_cast<size_t>(e / 64)] |= uint64_t{1} << (e % 64);
+  return bits;
+}
+
+struct Routed {
+  std::vector<int> experts;
+  std::vector<float> weights;
+};
+
+Routed Route(Router& router, int layer, const std::vector<float>& logits, int n_used,
+             bool renormalize, std::span<const uint64_t> resident = {}) {
+  const int n_expert = static_cast<int>(logits.size());
+  (void)n_expert;
+  Routed r;
+  const int slots = router.slots(n_used);
+  r.experts.resize(static_cast<size_t>(slots));
+  r.weights.resize(static_cast<size_t>(slots));
+  router.Route(layer, logits.data(), 1, n_used, renormalize, resident, r.experts.data(),
+               r.weights.data());
+  return r;
+}
+
+// Softmax over all, as the reference computes it.
+std::vector<float> Probabilities(const std::vector<float>& logits) {
+  std::vector<float> p(logits.size());
+  float max = logits[0];
+  for (float v : logits) max = std::max(max, v);
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] - max);
+  for (float& v : p) v *= static_cast<float>(1.0 / sum);
+  return p;
+}
+
+class RouterIsaTest : public ::testing::TestWithParam<kernels::Isa> {};
+
+TEST_P(RouterIsaTest, WithoutAdjustmentsEqualsTheReferenceBitForBit) {
+  auto config = kernels::KernelConfigFor(GetParam());
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int n_expert : {8, 60, 64, 128, 256, 300}) {
+    for (int k : {1, 2, 4, 8}) {
+      for (bool renormalize : {false, true}) {
+        ResourceMonitor monitor;  // no pool, no thermal limit: pressure 0
+        Router router(*config, RouterOptions{}, 1, n_expert, &monitor);
+        router.BeginStep();
+        for (int trial = 0; trial < 50; ++trial) {
+          std::vector<float> logits(static_cast<size_t>(n_expert));
+          for (float& v : logits) v = normal(rng);
+          if (trial % 5 == 0) {
+            // Ties: the reference breaks them toward the lower index.
+            for (float& v : logits) v = std::round(v);
+          }
+          std::vector<int> want(static_cast<size_t>(k));
+          std::vector<float> want_w(static_cast<size_t>(k));
+          model::RouteToken(logits.data(), n_expert, k, renormalize, want.data(), want_w.data());
+          // Every expert resident under full pressure is no adjustment either.
+          const std::vector<uint64_t> all(static_cast<size_t>((n_expert + 63) / 64), ~uint64_t{0});
+          const Routed got = Route(router, 0, logits, k, renormalize, all);
+          ASSERT_EQ(got.experts, want) << "E " << n_expert << " k " << k;
+          for (int i = 0; i < k; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got.weights[static_cast<size_t>(i)]),
+                      std::bit_cast<uint32_t>(want_w[static_cast<size_t>(i)]));
+          }
+        }
+        EXPECT_EQ(router.stats().changed, 0u);
+        EXPECT_EQ(router.stats().average_k(), k);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, RouterIsaTest, ::testing::ValuesIn(kernels::AvailableIsas()),
+                         [](const auto& p) { return std::string(kernels::IsaName(p.param)); });
+
+TEST(RouterTest, ResidencyPenaltyPrefersResidentExpertsUnderPressure) {
+  const std::vector<float> logits = {2.0f, 1.9f, 1.0f, 0.5f, -1.0f, 0.0f, 0.2f, 0.1f};
+  const std::vector<float> p = Probabilities(logits);
+  const std::vector<uint64_t> resident = Bitmap(8, {1, 2, 5});
+  ResourceMonitor monitor;
+  RouterOptions options;
+  options.alpha = 1.0f;
+  Router router(kernels::GetKernelConfig(), options, 1, 8, &monitor);
+
+  // Full pressure: expert 0 scores 2.0 - 1 = 1.0 < 1.9 (expert 1) and ties expert 2
+  // (1.0) with the lower index winning, so the top 2 are {1, 0}.
+  monitor.OverridePressure(1.0f);
+  router.BeginStep();
+  EXPECT_FLOAT_EQ(router.pressure(), 1.0f);
+  Routed r = Route(router, 0, logits, 2, false, resident);
+  EXPECT_EQ(r.experts, (std::vector<int>{1, 0}));
+  // Weights are the unadjusted probabilities of the chosen experts.
+  EXPECT_EQ(r.weights[0], p[1]);
+  EXPECT_EQ(r.weights[1], p[0]);
+  r = Route(router, 0, logits, 1, true, resident);
+  EXPECT_EQ(r.experts, (std::vector<int>{1}));
+  EXPECT_EQ(r.weights[0], 1.0f);
+  EXPECT_EQ(router.stats().changed, 1u);  // k = 2 chose the same set {0, 1}; k = 1 did not
+
+  // Low pressure: a penalty of 0.05 leaves expert 0 on top.
+  monitor.OverridePressure(0.05f);
+  router.BeginStep();
+  r = Route(router, 0, logits, 1, true, resident);
+  EXPECT_EQ(r.experts, (std::vector<int>{0}));
+
+  // alpha 0: no penalty at any pressure.
+  options.alpha = 0;
+  router.set_options(options);
+  monitor.OverridePressure(1.0f);
+  router.BeginStep();
+  r = Route(router, 0, logits, 1, true, resident);
+  EXPECT_EQ(r.experts, (std::vector<int>{0}));
+
+  // A strong penalty pushes both choices onto resident experts.
+  options.alpha = 4;
+  router.set_options(options);
+  r = Route(router, 0, logits, 2, false, resident);
+  EXPECT_EQ(r.experts, (std::vector<int>{1, 2}));
+  EXPECT_EQ(r.weights[1], p[2]);
+}
+
+TEST(RouterTest, PressureIsTheWantedWorkingSetBeyondThePool) {
+  ResourceMonitorOptions monitor_options;
+  monitor_options.pressure_window_steps = 2;
+  ResourceMonitor monitor(monitor_options);
+  Router router(kernels::GetKernelConfig(), RouterOptions{}, 2, 8, &monitor);
+  router.BeginStep();
+  EXPECT_EQ(router.pressure(), 0.0f);  // no pool
+  monitor.set_pool_capacity(4);
+  std::vector<float> logits(8, 0.0f);
+  // Step 1: layer 0 wants {0, 1}, layer 1 wants {2, 3}, then {4, 5}.
+  logits = {5, 4, 0, 0, 0, 0, 0, 0};
+  Route(router, 0, logits, 2, true);
+  logits = {0, 0, 5, 4, 0, 0, 0, 0};
+  Route(router, 1, logits, 2, true);
+  logits = {0, 0, 0, 0, 5, 4, 0, 0};
+  Route(router, 1, logits, 2, true);
+  EXPECT_EQ(router.WantedExperts(2), 6u);
+  router.BeginStep();
+  EXPECT_FLOAT_EQ(router.pressure(), 2.0f / 6.0f);  // 6 wanted, 4 fit
+  // Steps 2 and 3 want only {0, 1}: step 1 leaves the window, the working set fits.
+  logits = {5, 4, 0, 0, 0, 0, 0, 0};
+  Route(router, 0, logits, 2, true);
+  router.BeginStep();
+  Route(router, 0, logits, 2, true);
+  router.BeginStep();
+  EXPECT_EQ(router.WantedExperts(2), 2u);
+  EXPECT_EQ(router.pressure(), 0.0f);
+}
+
+TEST(RouterTest, ThermalLimitDropsKByOneButNeverBelowOne) {
+  ResourceMonitorOptions monitor_options;
+  monitor_options.thermal_limit_c = 70;
+  monitor_options.thermal_root = "/nonexistent";
+  ResourceMonitor monitor(monitor_options);
+  Router router(kernels::GetKernelConfig(), RouterOptions{}, 1, 8, &monitor);
+  const std::vector<float> logits = {0.1f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, 0.5f, 0.2f};
+  const std::vector<float> p = Probabilities(logits);
+
+  router.BeginStep();  // no temperature known: not throttled
+  EXPECT_FALSE(router.thermal_throttled());
+  EXPECT_EQ(Route(router, 0, logits, 2, false).experts, (std::vector<int>{1, 2}));
+
+  monitor.SetTemperature(85.0f);
+  router.BeginStep();
+  EXPECT_TRUE(router.thermal_throttled());
+  Routed r = Route(router, 0, logits, 2, true);
+  EXPECT_EQ(r.experts, (std::vector<int>{1, -1}));
+  EXPECT_EQ(r.weights, (std::vector<float>{1.0f, 0.0f}));  // renormalised over k = 1
+  r = Route(router, 0, logits, 1, false);
+  EXPECT_EQ(r.experts, (std::vector<int>{1}));
+  EXPECT_EQ(r.weights[0], p[1]);
+  EXPECT_EQ(router.stats().thermal_drops, 1u);
+
+  monitor.SetTemperature(65.0f);
+  router.BeginStep();
+  EXPECT_EQ(Route(router, 0, logits, 2, false).experts, (std::vector<int>{1, 2}));
+  monitor.SetTemperature(std::nullopt);
+  router.BeginStep();
+  EXPECT_FALSE(router.thermal_throttled());
+}
+
+TEST(RouterTest, DynamicKTakesTheFewestExpertsThatCoverP) {
+  // p ~ {0.665, 0.245, 0.090, ...}: log-odds chosen so the cumulative sums are clear.
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f, -6.0f, -6.0f, -6.0f, -6.0f, -6.0f};
+  const std::vector<float> p = Probabilities(logits);
+  RouterOptions options;
+  options.dynamic_k_p = 0.5f;
+  Router router(kernels::GetKernelConfig(), options, 1, 8, nullptr);
+  router.BeginStep();
+  EXPECT_EQ(Route(router, 0, logits, 2, false).experts, (std::vector<int>{0, -1}));
+  options.dynamic_k_p = 0.8f;
+  router.set_options(options);
+  Routed r = Route(router, 0, logits, 2, false);
+  EXPECT_EQ(r.experts, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r.weights, (std::vector<float>{p[0], p[1]}));
+  // k_max above the model's k widens the slots.
+  options.dynamic_k_p = 0.95f;
+  options.k_max = 4;
+  router.set_options(options);
+  EXPECT_EQ(router.slots(2), 4);
+  EXPECT_EQ(Route(router, 0, logits, 2, false).experts, (std::vector<int>{0, 1, 2, -1}));
+  // k_min holds even when one expert covers p.
+  options.dynamic_k_p = 0.1f;
+  options.k_min = 2;
+  router.set_options(options);
+  EXPECT_EQ(Route(router, 0, logits, 2, false).experts, (std::vector<int>{0, 1, -1, -1}));
+  EXPECT_DOUBLE_EQ(router.stats().average_k(), (1 + 2 + 3 + 2) / 4.0);
+}
+
+TEST(RouterTest, ModalityBiasFollowsTheImageShare) {
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f, 0.0f};
+  RouterOptions options;
+  options.modality_lambda = 4.0f;
+  Router router(kernels::GetKernelConfig(), options, 2, 4, nullptr);
+  EXPECT_EQ(router.SetModalityBias({1, 2, 3}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(router.SetModalityBias({0, 0, 0, 0, /*layer 1*/ 0, 0, 0, 1}).ok());
+  router.BeginStep();
+  EXPECT_EQ(Route(router, 1, logits, 1, true).experts, (std::vector<int>{0}));  // text only
+  router.SetImageShare(0.25f);  // lambda 1: expert 3 scores 1.0, ties expert 1, loses
+  EXPECT_EQ(Route(router, 1, logits, 2, true).experts, (std::vector<int>{0, 1}));
+  router.SetImageShare(1.0f);  // lambda 4
+  Routed r = Route(router, 1, logits, 2, false);
+  EXPECT_EQ(r.experts, (std::vector<int>{3, 0}));
+  EXPECT_EQ(Route(router, 0, logits, 1, true).experts, (std::vector<int>{0}));  // no bias there
+}
+
+TEST(RouterTest, BadOptionsAreNamed) {
+  RouterOptions options;
+  options.alpha = -1;
+  EXPECT_NE(std::string(Router::Validate(options).message()).find("alpha"), std::string::npos);
+  options.alpha = std::nanf("");
+  EXPECT_FALSE(Router::Validate(options).ok());
+  options = {};
+  options.dynamic_k_p = 1.5f;
+  EXPECT_NE(std::string(Router::Validate(options).message()).find("dynamic k"), std::string::npos);
+  options = {};
+  options.k_min = 0;
+  EXPECT_FALSE(Router::Validate(options).ok());
+  options = {};
+  options.k_min = 3;
+  options.k_max = 2;
+  EXPECT_FALSE(Router::Validate(options).ok());
+  EXPECT_TRUE(Router::Validate(RouterOptions{}).ok());
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("moert-router-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+             "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+TEST(ResourceMonitorTest, ReadsTheHottestCpuZone) {
+  TempDir dir;
+  WriteFile(dir.path() / "thermal_zone0/type", "battery\n");
+  WriteFile(dir.path() / "thermal_zone0/temp", "90000\n");
+  WriteFile(dir.path() / "thermal_zone1/type", "cpu0-thermal\n");
+  WriteFile(dir.path() / "thermal_zone1/temp", "45000\n");
+  WriteFile(dir.path() / "thermal_zone2/type", "x86_pkg_temp\n");
+  WriteFile(dir.path() / "thermal_zone2/temp", "52500\n");
+  WriteFile(dir.path() / "thermal_zone3/type", "cpu-1-0-usr\n");
+  WriteFile(dir.path() / "thermal_zone3/temp", "garbage\n");  // unreadable: skipped
+  WriteFile(dir.path() / "cooling_device0/type", "cpu\n");
+  ResourceMonitorOptions options;
+  options.thermal_root = dir.path().string();
+  options.thermal_limit_c = 50;
+  options.thermal_poll_ms = 0;
+  ResourceMonitor monitor(options);
+  EXPECT_EQ(monitor.thermal_zones().size(), 3u);
+  ASSERT_TRUE(monitor.TemperatureC().has_value());
+  EXPECT_FLOAT_EQ(*monitor.TemperatureC(), 52.5f);
+  EXPECT_TRUE(monitor.ThermalThrottled());
+  WriteFile(dir.path() / "thermal_zone2/temp", "48000\n");
+  EXPECT_FLOAT_EQ(*monitor.TemperatureC(), 48.0f);
+  EXPECT_FALSE(monitor.ThermalThrottled());
+  // The host's reading wins over sysfs.
+  monitor.SetTemperature(75.0f);
+  EXPECT_FLOAT_EQ(*monitor.TemperatureC(), 75.0f);
+  EXPECT_TRUE(monitor.ThermalThrottled());
+  monitor.set_thermal_limit(0);
+  EXPECT_FALSE(monitor.ThermalThrottled());
+
+  ResourceMonitorOptions missing;
+  missing.thermal_root = (dir.path() / "nothing").string();
+  ResourceMonitor none(missing);
+  EXPECT_FALSE(none.TemperatureC().has_value());
+}
+
+TEST(ResourceMonitorTest, PressureOverrideIsClamped) {
+  ResourceMonitor monitor;
+  monitor.set_pool_capacity(10);
+  EXPECT_EQ(monitor.MemoryPressure(8), 0.0f);
+  EXPECT_FLOAT_EQ(monitor.MemoryPressure(40), 0.75f);
+  monitor.OverridePressure(3.0f);
+  EXPECT_EQ(monitor.MemoryPressure(8), 1.0f);
+  monitor.OverridePressure(std::nullopt);
+  EXPECT_EQ(monitor.MemoryPressure(8), 0.0f);
+}
+
+TEST(ModalityBiasFileTest, ReadsNumbersAndNamesBadOnes) {
+  TempDir dir;
+  WriteFile(dir.path() / "good", "0 1.5\n-2 3e-1\n");
+  auto good = ReadModalityBias((dir.path() / "good").string());
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(*good, (std::vector<float>{0.0f, 1.5f, -2.0f, 0.3f}));
+  WriteFile(dir.path() / "bad", "0 1 x2\n");
+  auto bad = ReadModalityBias((dir.path() / "bad").string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("value 3 ('x2')"), std::string::npos);
+  EXPECT_EQ(ReadModalityBias((dir.path() / "missing").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moert::router
