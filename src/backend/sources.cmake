@@ -3,3 +3,13 @@ list(APPEND MOERT_SOURCES
   backend/packing.cc
   backend/qmatmul.cc
 )
+# The OpenCL backend (MOERT_HAVE_OPENCL, cmake/MoertOpenCL.cmake).
+if(MOERT_HAVE_OPENCL)
+  list(APPEND MOERT_SOURCES
+    backend/opencl/cl_status.cc
+    backend/opencl/device.cc
+    backend/opencl/program_cache.cc
+    backend/opencl/buffer.cc
+    backend/opencl/ops.cc
+  )
+endif()

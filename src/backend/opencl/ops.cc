@@ -1,0 +1,362 @@
+// Host side of the OpenCL operators (see ops.h): argument checks, kernel arguments,
+// work sizes.
+#include "backend/opencl/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "backend/opencl/program_cache.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "kernels/ukernel.h"
+
+namespace moert::backend::opencl {
+namespace {
+
+// __local memory of `bytes` for a kernel argument.
+struct Local {
+  size_t bytes;
+};
+
+absl::Status SetArg(cl_kernel k, cl_uint& i, const BufferRef& b) {
+  MOERT_CL_RETURN_IF_ERROR(clSetKernelArg(k, i++, sizeof(cl_mem), &b.mem), "clSetKernelArg");
+  const cl_ulong offset = b.offset;
+  return ClStatus(clSetKernelArg(k, i++, sizeof(offset), &offset), "clSetKernelArg");
+}
+absl::Status SetArg(cl_kernel k, cl_uint& i, int v) {
+  const cl_int x = v;
+  return ClStatus(clSetKernelArg(k, i++, sizeof(x), &x), "clSetKernelArg");
+}
+absl::Status SetArg(cl_kernel k, cl_uint& i, float v) {
+  const cl_float x = v;
+  return ClStatus(clSetKernelArg(k, i++, sizeof(x), &x), "clSetKernelArg");
+}
+absl::Status SetArg(cl_kernel k, cl_uint& i, uint64_t v) {
+  const cl_ulong x = v;
+  return ClStatus(clSetKernelArg(k, i++, sizeof(x), &x), "clSetKernelArg");
+}
+absl::Status SetArg(cl_kernel k, cl_uint& i, Local l) {
+  return ClStatus(clSetKernelArg(k, i++, l.bytes, nullptr), "clSetKernelArg");
+}
+
+template <typename... Args>
+absl::Status SetArgs(cl_kernel k, const Args&... args) {
+  cl_uint i = 0;
+  absl::Status status;
+  ((status.ok() ? status = SetArg(k, i, args) : status), ...);
+  return status;
+}
+
+// Enqueues `kernel` over `global` work-items (rounded up to multiples of `local`).
+absl::Status Launch(Device& device, cl_kernel kernel, std::string_view name, cl_uint dims,
+                    const size_t* global, const size_t* local) {
+  size_t rounded[3];
+  for (cl_uint d = 0; d < dims; ++d) {
+    rounded[d] = local != nullptr ? (global[d] + local[d] - 1) / local[d] * local[d] : global[d];
+  }
+  return ClStatus(clEnqueueNDRangeKernel(device.queue(), kernel, dims, nullptr, rounded, local, 0,
+                                         nullptr, nullptr),
+                  StrCat("clEnqueueNDRangeKernel(", name, ")"));
+}
+
+// `bytes` from ref.offset fit in ref's buffer, and the offset is float-aligned.
+absl::Status CheckRange(BufferRef ref, size_t bytes, std::string_view what) {
+  if (ref.mem == nullptr) return absl::InvalidArgumentError(StrCat("OpenCL: no buffer for ", what));
+  size_t size = 0;
+  MOERT_CL_RETURN_IF_ERROR(clGetMemObjectInfo(ref.mem, CL_MEM_SIZE, sizeof(size), &size, nullptr),
+                           "clGetMemObjectInfo(CL_MEM_SIZE)");
+  if (ref.offset % 4 != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("OpenCL: ", what, " at byte offset ", ref.offset, " (not a multiple of 4)"));
+  }
+  if (ref.offset > size || bytes > size - ref.offset) {
+    return absl::OutOfRangeError(StrCat("OpenCL: ", what, " needs ", bytes, " bytes at offset ",
+                                        ref.offset, " of a buffer of ", size));
+  }
+  return absl::OkStatus();
+}
+
+// Work-group size: the largest power of two <= min(want, the device's maximum).
+size_t Pow2Group(const Device& device, size_t want) {
+  const size_t cap = std::min(want, std::max<size_t>(device.info().max_work_group_size, 1));
+  size_t p = 1;
+  while (p * 2 <= cap) p *= 2;
+  return p;
+}
+
+absl::StatusOr<std::string> FormatOption(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kW4:
+      return std::string("-DMOERT_WFMT=4");
+    case WeightFormat::kW8:
+      return std::string("-DMOERT_WFMT=8");
+    default:
+      return absl::UnimplementedError(StrCat("OpenCL: no kernels for weight format ",
+                                             WeightFormatName(format), " yet (W4 and W8 only)"));
+  }
+}
+
+absl::Status CheckMatrix(const MatrixRef& w, std::string_view what) {
+  if (w.rows <= 0 || w.cols <= 0 || w.cols % MOERT_QK != 0 || w.groups <= 0) {
+    return absl::InvalidArgumentError(StrCat("OpenCL: ", what, " is ", w.rows, " x ", w.cols,
+                                             " (cols must be a positive multiple of 32)"));
+  }
+  if (w.group_bytes != PackedBytes(w.format, w.rows, w.cols)) {
+    return absl::InvalidArgumentError(StrCat("OpenCL: ", what, " group_bytes ", w.group_bytes,
+                                             " != ", PackedBytes(w.format, w.rows, w.cols)));
+  }
+  if (w.rows > std::numeric_limits<int>::max() / 2 || w.cols / MOERT_QK > (1 << 24)) {
+    return absl::InvalidArgumentError(StrCat("OpenCL: ", what, " is too large"));
+  }
+  return CheckRange(w.data, w.group_bytes * static_cast<size_t>(w.groups), what);
+}
+
+constexpr size_t kA8Bytes = sizeof(moert_a8_block);
+
+}  // namespace
+
+absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(Device& device, const PackedMatrix& m) {
+  DeviceMatrix out;
+  MOERT_ASSIGN_OR_RETURN(out.buffer, Buffer::FromHost(device, m.group(0).data, m.size_bytes()));
+  out.ref = {BufferRef(out.buffer), m.format(), m.groups(), m.rows(), m.cols(), m.group_bytes()};
+  return out;
+}
+
+absl::StatusOr<BufferRef> Scratch::Get(Device& device, int slot, size_t bytes) {
+  Buffer& b = buffers_[slot];
+  if (b.size() < bytes) {
+    b = Buffer();
+    MOERT_ASSIGN_OR_RETURN(b, Buffer::Create(device, std::max<size_t>(bytes, 256)));
+  }
+  return BufferRef(b);
+}
+
+absl::Status Q8Quant(Device& device, BufferRef x, int64_t n, int64_t k, BufferRef a) {
+  if (n <= 0 || k <= 0 || k % MOERT_QK != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("OpenCL q8_quant: n = ", n, ", k = ", k, " (k must be a multiple of 32)"));
+  }
+  const int64_t blocks = n * (k / MOERT_QK);
+  if (blocks > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError("OpenCL q8_quant: too many blocks");
+  }
+  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(n * k) * 4, "q8_quant input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(a, static_cast<size_t>(blocks) * kA8Bytes, "q8_quant output"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("q8_quant", "q8_quant"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, a, static_cast<int>(blocks)));
+  const size_t global = static_cast<size_t>(blocks);
+  const size_t local = Pow2Group(device, 64);
+  return Launch(device, kernel, "q8_quant", 1, &global, &local);
+}
+
+absl::Status QMatMul(Device& device, const MatrixRef& w, int64_t group, BufferRef a, int64_t n,
+                     BufferRef y) {
+  MOERT_RETURN_IF_ERROR(CheckMatrix(w, "matmul weights"));
+  if (group < 0 || group >= w.groups || n <= 0 || n > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        StrCat("OpenCL matmul: group ", group, " of ", w.groups, ", n = ", n));
+  }
+  MOERT_ASSIGN_OR_RETURN(const std::string option, FormatOption(w.format));
+  const int kb = static_cast<int>(w.cols / MOERT_QK);
+  MOERT_RETURN_IF_ERROR(
+      CheckRange(a, static_cast<size_t>(n) * static_cast<size_t>(kb) * kA8Bytes, "matmul input"));
+  MOERT_RETURN_IF_ERROR(
+      CheckRange(y, static_cast<size_t>(n) * static_cast<size_t>(w.rows) * 4, "matmul output"));
+  BufferRef wg = w.data;
+  wg.offset += static_cast<size_t>(group) * w.group_bytes;
+  const int rows = static_cast<int>(w.rows);
+  const KernelVariant& v = device.variant();
+  if (n == 1) {
+    MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("gemv", "gemv", option));
+    if (v.gemv_k_split == 1) {
+      MOERT_RETURN_IF_ERROR(SetArgs(kernel, wg, a, y, rows, kb));
+      const size_t global = static_cast<size_t>(rows);
+      const size_t local = Pow2Group(device, v.gemv_wg);
+      return Launch(device, kernel, "gemv", 1, &global, &local);
+    }
+    const size_t split = static_cast<size_t>(v.gemv_k_split);
+    const size_t rows_per_group = std::max<size_t>(Pow2Group(device, v.gemv_wg) / split, 1);
+    MOERT_RETURN_IF_ERROR(
+        SetArgs(kernel, wg, a, y, rows, kb, Local{split * rows_per_group * sizeof(float)}));
+    const size_t global[2] = {split, static_cast<size_t>(rows)};
+    const size_t local[2] = {split, rows_per_group};
+    return Launch(device, kernel, "gemv", 2, global, local);
+  }
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("gemm", "gemm", option));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, wg, a, y, rows, kb, static_cast<int>(n), rows));
+  const size_t mr = static_cast<size_t>(v.gemm_mr);
+  const size_t local[2] = {Pow2Group(device, v.gemm_wg), 1};
+  const size_t global[2] = {static_cast<size_t>(rows), (static_cast<size_t>(n) + mr - 1) / mr};
+  return Launch(device, kernel, "gemm", 2, global, local);
+}
+
+absl::Status FusedMoe(Device& device, const FfnRef& w, BufferRef x, int64_t n, int k,
+                      BufferRef experts, BufferRef weights, BufferRef out, Scratch& scratch) {
+  MOERT_RETURN_IF_ERROR(CheckMatrix(w.gate, "expert gate weights"));
+  MOERT_RETURN_IF_ERROR(CheckMatrix(w.up, "expert up weights"));
+  MOERT_RETURN_IF_ERROR(CheckMatrix(w.down, "expert down weights"));
+  const int64_t n_embd = w.gate.cols;
+  const int64_t n_ff = w.gate.rows;
+  if (w.up.rows != n_ff || w.up.cols != n_embd || w.down.rows != n_embd || w.down.cols != n_ff ||
+      w.gate.format != w.up.format || w.gate.groups != w.up.groups ||
+      w.gate.groups != w.down.groups) {
+    return absl::InvalidArgumentError("OpenCL fused MoE: gate/up/down shapes do not match");
+  }
+  if (n <= 0 || k <= 0 || n * k > std::numeric_limits<int>::max() / 2 ||
+      (weights.empty() && k != 1)) {
+    return absl::InvalidArgumentError(
+        StrCat("OpenCL fused MoE: n = ", n, ", k = ", k, " (k must be 1 without weights)"));
+  }
+  MOERT_ASSIGN_OR_RETURN(const std::string option, FormatOption(w.gate.format));
+  MOERT_ASSIGN_OR_RETURN(const std::string down_option, FormatOption(w.down.format));
+  const int64_t pairs = n * k;
+  const int kb_embd = static_cast<int>(n_embd / MOERT_QK);
+  const int kb_ff = static_cast<int>(n_ff / MOERT_QK);
+  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(n * kb_embd) * kA8Bytes, "MoE input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(out, static_cast<size_t>(n * n_embd) * 4, "MoE output"));
+  if (!experts.empty()) {
+    MOERT_RETURN_IF_ERROR(CheckRange(experts, static_cast<size_t>(pairs) * 4, "MoE experts"));
+  }
+  if (!weights.empty()) {
+    MOERT_RETURN_IF_ERROR(CheckRange(weights, static_cast<size_t>(pairs) * 4, "MoE weights"));
+  }
+  MOERT_ASSIGN_OR_RETURN(BufferRef h,
+                         scratch.Get(device, 0, static_cast<size_t>(pairs * n_ff) * 4));
+  MOERT_ASSIGN_OR_RETURN(BufferRef hq,
+                         scratch.Get(device, 1, static_cast<size_t>(pairs * kb_ff) * kA8Bytes));
+  const int n_expert = static_cast<int>(w.gate.groups);
+  const size_t wg = Pow2Group(device, device.variant().gemm_wg);
+  {
+    MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
+                           device.programs().Kernel("moe_gate_up", "moe_gate_up", option));
+    BufferRef gate = w.gate.data, up = w.up.data;
+    MOERT_RETURN_IF_ERROR(SetArgs(kernel, gate, up, static_cast<uint64_t>(w.gate.group_bytes), x,
+                                  experts, static_cast<int>(!experts.empty()), h,
+                                  static_cast<int>(n_ff), kb_embd, k, static_cast<int>(pairs),
+                                  n_expert));
+    const size_t global[2] = {static_cast<size_t>(n_ff), static_cast<size_t>(pairs)};
+    const size_t local[2] = {wg, 1};
+    MOERT_RETURN_IF_ERROR(Launch(device, kernel, "moe_gate_up", 2, global, local));
+  }
+  MOERT_RETURN_IF_ERROR(Q8Quant(device, h, pairs, n_ff, hq));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
+                         device.programs().Kernel("moe_down", "moe_down", down_option));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, w.down.data, static_cast<uint64_t>(w.down.group_bytes), hq,
+                                experts, static_cast<int>(!experts.empty()), weights,
+                                static_cast<int>(!weights.empty()), out, static_cast<int>(n_embd),
+                                kb_ff, k, static_cast<int>(n), n_expert));
+  const size_t global[2] = {static_cast<size_t>(n_embd), static_cast<size_t>(n)};
+  const size_t local[2] = {wg, 1};
+  return Launch(device, kernel, "moe_down", 2, global, local);
+}
+
+absl::Status RmsNorm(Device& device, BufferRef x, int64_t n_rows, int64_t width, BufferRef weight,
+                     float eps, BufferRef y) {
+  if (n_rows <= 0 || width <= 0 || n_rows > std::numeric_limits<int>::max() ||
+      width > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL rms_norm: ", n_rows, " rows of ", width));
+  }
+  const size_t bytes = static_cast<size_t>(n_rows * width) * 4;
+  MOERT_RETURN_IF_ERROR(CheckRange(x, bytes, "rms_norm input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, bytes, "rms_norm output"));
+  MOERT_RETURN_IF_ERROR(CheckRange(weight, static_cast<size_t>(width) * 4, "rms_norm weight"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("rms_norm", "rms_norm"));
+  const size_t local = Pow2Group(device, device.variant().row_wg);
+  MOERT_RETURN_IF_ERROR(
+      SetArgs(kernel, x, weight, y, static_cast<int>(width), eps, Local{local * sizeof(float)}));
+  const size_t global = static_cast<size_t>(n_rows) * local;
+  return Launch(device, kernel, "rms_norm", 1, &global, &local);
+}
+
+absl::Status Rope(Device& device, const RopeArgs& rope, int64_t pos0, int64_t n, int n_heads,
+                  int head_dim, BufferRef x) {
+  if (n <= 0 || n_heads <= 0 || head_dim <= 0 || rope.n_rot <= 0 || rope.n_rot % 2 != 0 ||
+      rope.n_rot > head_dim || pos0 < 0 || pos0 + n > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL rope: n_rot ", rope.n_rot, ", head_dim ",
+                                             head_dim, ", heads ", n_heads, ", n ", n));
+  }
+  MOERT_RETURN_IF_ERROR(CheckRange(
+      x, static_cast<size_t>(n) * static_cast<size_t>(n_heads * head_dim) * 4, "rope x"));
+  if (!rope.freq_factors.empty()) {
+    MOERT_RETURN_IF_ERROR(CheckRange(rope.freq_factors, static_cast<size_t>(rope.n_rot / 2) * 4,
+                                     "rope freq_factors"));
+  }
+  // The CPU's theta_scale, computed the same way on the host.
+  const float theta_scale = std::pow(rope.theta_base, -2.0f / static_cast<float>(rope.n_rot));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("rope", "rope"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, rope.freq_factors,
+                                static_cast<int>(!rope.freq_factors.empty()),
+                                static_cast<int>(pos0), n_heads, head_dim, rope.n_rot, theta_scale,
+                                rope.freq_scale, static_cast<int>(rope.neox), static_cast<int>(n)));
+  const size_t global[3] = {static_cast<size_t>(rope.n_rot / 2), static_cast<size_t>(n_heads),
+                            static_cast<size_t>(n)};
+  return Launch(device, kernel, "rope", 3, global, nullptr);
+}
+
+absl::Status Softmax(Device& device, BufferRef x, int64_t n_rows, int64_t width, BufferRef y) {
+  if (n_rows <= 0 || width <= 0 || n_rows > std::numeric_limits<int>::max() ||
+      width > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL softmax: ", n_rows, " rows of ", width));
+  }
+  const size_t bytes = static_cast<size_t>(n_rows * width) * 4;
+  MOERT_RETURN_IF_ERROR(CheckRange(x, bytes, "softmax input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, bytes, "softmax output"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("softmax", "softmax"));
+  const size_t local = Pow2Group(device, device.variant().row_wg);
+  MOERT_RETURN_IF_ERROR(
+      SetArgs(kernel, x, y, static_cast<int>(width), Local{local * sizeof(float)}));
+  const size_t global = static_cast<size_t>(n_rows) * local;
+  return Launch(device, kernel, "softmax", 1, &global, &local);
+}
+
+absl::Status Attention(Device& device, const AttentionArgs& s, BufferRef q, int64_t n, int64_t pos0,
+                       BufferRef k_cache, BufferRef v_cache, BufferRef out, Scratch& scratch) {
+  if (n <= 0 || pos0 < 0 || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0 ||
+      s.head_dim_k <= 0 || s.head_dim_v <= 0 || pos0 + n > std::numeric_limits<int>::max() / 2) {
+    return absl::InvalidArgumentError(StrCat("OpenCL attention: n_head ", s.n_head, ", n_head_kv ",
+                                             s.n_head_kv, ", dims ", s.head_dim_k, "/",
+                                             s.head_dim_v, ", n ", n, ", pos0 ", pos0));
+  }
+  const size_t n_kv = static_cast<size_t>(pos0 + n);
+  const size_t heads = static_cast<size_t>(s.n_head);
+  const size_t kv_heads = static_cast<size_t>(s.n_head_kv);
+  const size_t dk = static_cast<size_t>(s.head_dim_k), dv = static_cast<size_t>(s.head_dim_v);
+  MOERT_RETURN_IF_ERROR(CheckRange(q, static_cast<size_t>(n) * heads * dk * 4, "attention q"));
+  MOERT_RETURN_IF_ERROR(CheckRange(k_cache, n_kv * kv_heads * dk * 4, "attention k cache"));
+  MOERT_RETURN_IF_ERROR(CheckRange(v_cache, n_kv * kv_heads * dv * 4, "attention v cache"));
+  MOERT_RETURN_IF_ERROR(CheckRange(out, static_cast<size_t>(n) * heads * dv * 4, "attention out"));
+  MOERT_ASSIGN_OR_RETURN(BufferRef scores,
+                         scratch.Get(device, 2, static_cast<size_t>(n) * heads * n_kv * 4));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("attention", "attention"));
+  const size_t local = Pow2Group(device, device.variant().row_wg);
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, q, k_cache, v_cache, out, scores, s.n_head, s.n_head_kv,
+                                s.head_dim_k, s.head_dim_v, static_cast<int>(pos0),
+                                static_cast<int>(n_kv), s.scale, Local{local * sizeof(float)}));
+  const size_t global[2] = {heads * local, static_cast<size_t>(n)};
+  const size_t locals[2] = {local, 1};
+  return Launch(device, kernel, "attention", 2, global, locals);
+}
+
+absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert, int k,
+                       bool renormalize, BufferRef experts, BufferRef weights) {
+  if (n <= 0 || n > std::numeric_limits<int>::max() || n_expert <= 0 || n_expert > 256 || k <= 0 ||
+      k > n_expert) {
+    return absl::InvalidArgumentError(StrCat("OpenCL top-k: n ", n, ", n_expert ", n_expert, ", k ",
+                                             k, " (n_expert <= 256, k <= n_expert)"));
+  }
+  MOERT_RETURN_IF_ERROR(CheckRange(
+      logits, static_cast<size_t>(n) * static_cast<size_t>(n_expert) * 4, "top-k logits"));
+  const size_t out_bytes = static_cast<size_t>(n) * static_cast<size_t>(k) * 4;
+  MOERT_RETURN_IF_ERROR(CheckRange(experts, out_bytes, "top-k experts"));
+  MOERT_RETURN_IF_ERROR(CheckRange(weights, out_bytes, "top-k weights"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("topk", "topk_route"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, logits, experts, weights, n_expert, k,
+                                static_cast<int>(renormalize), static_cast<int>(n)));
+  const size_t global = static_cast<size_t>(n);
+  const size_t local = Pow2Group(device, 64);
+  return Launch(device, kernel, "topk_route", 1, &global, &local);
+}
+
+}  // namespace moert::backend::opencl

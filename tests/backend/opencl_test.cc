@@ -1,0 +1,634 @@
+// The OpenCL backend against the CPU on the same ops and shapes (ggml's backend-ops
+// tests in spirit): every kernel in kernels/opencl/ runs on the first OpenCL device
+// (PoCL's CPU device here) and is compared with the CPU reference, including edge
+// shapes (one row, K = 32, a last partial weight tile, sizes that are not a multiple
+// of the work-group size). Bounds, and why:
+//  - q8_quant: the A8 blocks are compared byte for byte (the arithmetic is specified
+//    exactly; the device divides correctly rounded when it says so).
+//  - GEMV/GEMM (one work-item per row): the same bits as the CPU kernels; also
+//    NMSE < 1e-12. Split-K GEMV (GPU tiles): NMSE < 1e-10 (only the order of the
+//    float additions of exact block products differs).
+//  - fused MoE: NMSE < 1e-6 (exp() inside SiLU may differ by ulps, which can move one
+//    A8 rounding of the hidden state; the error then is one quantization step).
+//  - RMSNorm, RoPE, softmax, attention, routing weights: NMSE < 1e-10 (float
+//    reductions in another order than the CPU's, some of which are in double).
+//  - top-k: the same expert indices.
+// Without a device the tests skip with the reason, unless MOERT_REQUIRE_OPENCL=1.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/opencl/buffer.h"
+#include "backend/opencl/device.h"
+#include "backend/opencl/ops.h"
+#include "backend/opencl/program_cache.h"
+#include "backend/packing.h"
+#include "backend/qmatmul.h"
+#include "core/thread_pool.h"
+#include "format/arch.h"
+#include "format/ggml_types.h"
+#include "kernels/config.h"
+#include "model/layers.h"
+
+namespace moert::backend::opencl {
+namespace {
+
+bool RequireOpenCl() {
+  const char* v = std::getenv("MOERT_REQUIRE_OPENCL");
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("moert-opencl-test-" + std::to_string(getpid()) + "-" + name))
+                              .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// sum (a - b)^2 / sum b^2 (0 when both are zero).
+double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    err += d * d;
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  if (err == 0) return 0;
+  return ref == 0 ? INFINITY : err / ref;
+}
+
+PackedMatrix MakePacked(WeightFormat format, int64_t groups, int64_t rows, int64_t cols,
+                        uint32_t seed) {
+  PackedMatrix m(format, groups, rows, cols);
+  const std::vector<float> f = RandomFloats(static_cast<size_t>(groups * rows * cols), seed, 0.05f);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::span<const uint8_t> src(reinterpret_cast<const uint8_t*>(f.data() + g * rows * cols),
+                                 static_cast<size_t>(rows * cols) * sizeof(float));
+    EXPECT_TRUE(PackRows(format::GgmlType::kF32, src, rows, cols, format,
+                         {m.mutable_group(g), m.group_bytes()})
+                    .ok());
+  }
+  return m;
+}
+
+template <typename T>
+Buffer Upload(Device& device, const std::vector<T>& v) {
+  absl::StatusOr<Buffer> b = Buffer::FromHost(device, v.data(), v.size() * sizeof(T));
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(b).value();
+}
+
+template <typename T>
+std::vector<T> Download(Device& device, const Buffer& b, size_t n) {
+  std::vector<T> v(n);
+  const absl::Status s = b.Read(device, v.data(), n * sizeof(T));
+  EXPECT_TRUE(s.ok()) << s;
+  return v;
+}
+
+Buffer Alloc(Device& device, size_t bytes) {
+  absl::StatusOr<Buffer> b = Buffer::Create(device, bytes);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(b).value();
+}
+
+// A8 rows on the device and the CPU's A8Matrix of the same floats.
+struct A8Pair {
+  A8Matrix cpu;
+  Buffer device;
+};
+
+A8Pair QuantizeBoth(Device& device, const std::vector<float>& x, int64_t n, int64_t k) {
+  A8Pair p;
+  core::ThreadPool pool(1);
+  p.cpu.Quantize(kernels::GetKernelConfig(), pool, x.data(), n, k);
+  p.device = Upload(device, x);  // replaced below by the A8 blocks
+  Buffer a = Alloc(device, static_cast<size_t>(n * k / 32) * sizeof(moert_a8_block));
+  EXPECT_TRUE(Q8Quant(device, p.device, n, k, a).ok());
+  p.device = std::move(a);
+  return p;
+}
+
+class OpenClTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cache_dir_ = new std::string(TempDir("cache"));
+    DeviceOptions options;
+    options.allow_cpu = true;
+    options.cache_dir = *cache_dir_;
+    absl::StatusOr<std::unique_ptr<Device>> d = Device::Open(options);
+    if (d.ok()) {
+      device_ = d->release();
+    } else {
+      open_error_ = new std::string(std::string(d.status().message()));
+    }
+  }
+  static void TearDownTestSuite() {
+    delete device_;
+    device_ = nullptr;
+    if (cache_dir_ != nullptr) std::filesystem::remove_all(*cache_dir_);
+    delete cache_dir_;
+    cache_dir_ = nullptr;
+  }
+  void SetUp() override {
+    if (device_ == nullptr) {
+      if (RequireOpenCl()) FAIL() << "MOERT_REQUIRE_OPENCL=1 but: " << *open_error_;
+      GTEST_SKIP() << "no OpenCL device: " << *open_error_;
+    }
+  }
+  Device& device() { return *device_; }
+
+  static Device* device_;
+  static std::string* open_error_;
+  static std::string* cache_dir_;
+};
+
+Device* OpenClTest::device_ = nullptr;
+std::string* OpenClTest::open_error_ = nullptr;
+std::string* OpenClTest::cache_dir_ = nullptr;
+
+TEST_F(OpenClTest, DeviceInfoIsFilledIn) {
+  const DeviceInfo& info = device().info();
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_FALSE(info.driver_version.empty());
+  EXPECT_NE(info.opencl_c_version.find("OpenCL C"), std::string::npos) << info.opencl_c_version;
+  EXPECT_GT(info.global_mem_bytes, 0u);
+  EXPECT_GT(info.max_work_group_size, 0u);
+  EXPECT_EQ(device().variant().use_fp16, info.HasExtension("cl_khr_fp16"));
+  EXPECT_FALSE(info.HasExtension("cl_not_an_extension"));
+  std::cout << "[ device ] " << info.name << " (" << info.TypeName() << ", " << info.vendor
+            << ", driver " << info.driver_version << ", " << info.opencl_c_version
+            << "), options: " << device().variant().BuildOptions() << "\n";
+}
+
+TEST_F(OpenClTest, Q8QuantMatchesCpuBlocksExactly) {
+  for (int64_t n : {1, 3}) {
+    for (int64_t k : {32, 96, 4096}) {
+      std::vector<float> x = RandomFloats(static_cast<size_t>(n * k), static_cast<uint32_t>(n * k));
+      // Edge blocks: all zero (d = 0), and exact halves (amax 127 -> d 1 -> ties to even).
+      if (k >= 96) {
+        for (int j = 0; j < 32; ++j) x[static_cast<size_t>(32 + j)] = 0.0f;
+        for (int j = 0; j < 32; ++j)
+          x[static_cast<size_t>(64 + j)] = static_cast<float>(j % 8) - 3.5f;
+        x[64] = 127.0f;
+      }
+      const A8Pair a = QuantizeBoth(device(), x, n, k);
+      const size_t blocks = static_cast<size_t>(n * k / 32);
+      const std::vector<moert_a8_block> got = Download<moert_a8_block>(device(), a.device, blocks);
+      for (size_t b = 0; b < blocks; ++b) {
+        ASSERT_EQ(std::memcmp(&got[b], a.cpu.row(0) + b, sizeof(moert_a8_block)), 0)
+            << "n=" << n << " k=" << k << " block " << b << ": d " << got[b].d << " vs "
+            << a.cpu.row(0)[b].d << ", s " << got[b].s << " vs " << a.cpu.row(0)[b].s;
+      }
+    }
+  }
+}
+
+class OpenClMatMulTest : public OpenClTest, public ::testing::WithParamInterface<WeightFormat> {};
+
+// The CPU's y for n A8 rows against one group of w.
+std::vector<float> CpuMatMul(const PackedMatrix& w, int64_t group, const A8Matrix& a) {
+  std::vector<float> y(static_cast<size_t>(a.n() * w.rows()));
+  core::ThreadPool pool(1);
+  const QMatMulJob job{w.group(group), &a, y.data()};
+  QMatMuls(pool, kernels::GetKernelConfig(), {&job, 1});
+  return y;
+}
+
+TEST_P(OpenClMatMulTest, GemvAndGemmMatchCpuBits) {
+  const WeightFormat format = GetParam();
+  for (int64_t rows : {1, 8, 13, 100, 257}) {
+    for (int64_t cols : {32, 96, 512}) {
+      const PackedMatrix w = MakePacked(format, 1, rows, cols, static_cast<uint32_t>(rows + cols));
+      DeviceMatrix dw = DeviceMatrix::Upload(device(), w).value();
+      for (int64_t n : {1, 3, 5, 8}) {
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 7);
+        const A8Pair a = QuantizeBoth(device(), x, n, cols);
+        Buffer y = Alloc(device(), static_cast<size_t>(n * rows) * 4);
+        ASSERT_TRUE(QMatMul(device(), dw.ref, 0, a.device, n, y).ok());
+        const std::vector<float> got = Download<float>(device(), y, static_cast<size_t>(n * rows));
+        const std::vector<float> want = CpuMatMul(w, 0, a.cpu);
+        EXPECT_LT(Nmse(got, want), 1e-12) << rows << "x" << cols << " n=" << n;
+        if (device().variant().gemv_k_split == 1 || n > 1) {
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(got[i], want[i]) << rows << "x" << cols << " n=" << n << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpenClMatMulTest, StackedGroupAndSplitKVariant) {
+  const WeightFormat format = GetParam();
+  const int64_t rows = 44, cols = 320;
+  const PackedMatrix w = MakePacked(format, 3, rows, cols, 11);
+  // A second device handle on the same device with the GPU-style split-K GEMV.
+  DeviceOptions options;
+  options.allow_cpu = true;
+  options.name_filter = device().info().name;
+  options.disable_cache = true;
+  options.has_variant = true;
+  options.variant = device().variant();
+  options.variant.gemv_k_split = 4;
+  options.variant.gemv_wg = 64;
+  std::unique_ptr<Device> split = Device::Open(options).value();
+  for (Device* d : {&device(), split.get()}) {
+    DeviceMatrix dw = DeviceMatrix::Upload(*d, w).value();
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(cols), 3);
+    const A8Pair a = QuantizeBoth(*d, x, 1, cols);
+    Buffer y = Alloc(*d, static_cast<size_t>(rows) * 4);
+    for (int64_t g = 0; g < 3; ++g) {
+      ASSERT_TRUE(QMatMul(*d, dw.ref, g, a.device, 1, y).ok());
+      const std::vector<float> got = Download<float>(*d, y, static_cast<size_t>(rows));
+      EXPECT_LT(Nmse(got, CpuMatMul(w, g, a.cpu)), 1e-10)
+          << "group " << g << " k_split " << d->variant().gemv_k_split;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, OpenClMatMulTest,
+                         ::testing::Values(WeightFormat::kW4, WeightFormat::kW8),
+                         [](const auto& p) { return std::string(WeightFormatName(p.param)); });
+
+TEST_F(OpenClTest, UnsupportedFormatAndBadArgumentsAreStatuses) {
+  const PackedMatrix w = MakePacked(WeightFormat::kW4M, 1, 8, 32, 1);
+  DeviceMatrix dw = DeviceMatrix::Upload(device(), w).value();
+  Buffer a = Alloc(device(), sizeof(moert_a8_block));
+  Buffer y = Alloc(device(), 8 * 4);
+  EXPECT_EQ(QMatMul(device(), dw.ref, 0, a, 1, y).code(), absl::StatusCode::kUnimplemented);
+  Buffer x = Alloc(device(), 64 * 4);
+  EXPECT_EQ(Q8Quant(device(), x, 1, 33, a).code(), absl::StatusCode::kInvalidArgument);
+  // Two rows of 32 need two blocks; `a` holds one.
+  EXPECT_EQ(Q8Quant(device(), x, 2, 32, a).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Q8Quant(device(), BufferRef(x, 2), 1, 32, a).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Buffer::Create(device(), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  Buffer logits = Alloc(device(), 300 * 4);
+  EXPECT_EQ(TopKRoute(device(), logits, 1, 300, 2, false, y, y).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// FusedMoe against backend::FusedFfn, expert ids and weights on the device.
+void CheckFusedMoe(Device& device, WeightFormat format, int64_t n, int k, bool routed) {
+  const int n_expert = 6;
+  const int64_t n_embd = 96, n_ff = 160;
+  const PackedMatrix gate = MakePacked(format, n_expert, n_ff, n_embd, 1);
+  const PackedMatrix up = MakePacked(format, n_expert, n_ff, n_embd, 2);
+  const PackedMatrix down = MakePacked(format, n_expert, n_embd, n_ff, 3);
+  DeviceMatrix dg = DeviceMatrix::Upload(device, gate).value();
+  DeviceMatrix du = DeviceMatrix::Upload(device, up).value();
+  DeviceMatrix dd = DeviceMatrix::Upload(device, down).value();
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * n_embd), 5);
+  const A8Pair a = QuantizeBoth(device, x, n, n_embd);
+  std::vector<int> experts(static_cast<size_t>(n * k));
+  std::vector<float> weights(static_cast<size_t>(n * k));
+  std::mt19937 rng(17);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int s = 0; s < k; ++s) {
+      // Distinct experts per token, some shared between tokens.
+      experts[static_cast<size_t>(t * k + s)] = static_cast<int>((t + 2 * s) % n_expert);
+      weights[static_cast<size_t>(t * k + s)] =
+          0.1f + 0.8f * static_cast<float>(rng() % 100) / 100.0f;
+    }
+  }
+  std::vector<float> want(static_cast<size_t>(n * n_embd));
+  core::ThreadPool pool(1);
+  FusedFfn(
+      pool, kernels::GetKernelConfig(), a.cpu, k, routed ? experts.data() : nullptr,
+      routed ? weights.data() : nullptr,
+      [&](int e) {
+        return FfnView{gate.group(e), up.group(e), down.group(e)};
+      },
+      n_embd, want.data());
+  Buffer de = Upload(device, experts);
+  Buffer dwt = Upload(device, weights);
+  Buffer out = Alloc(device, want.size() * 4);
+  Scratch scratch;
+  const FfnRef ffn{dg.ref, du.ref, dd.ref};
+  const absl::Status s = FusedMoe(device, ffn, a.device, n, k, routed ? BufferRef(de) : BufferRef(),
+                                  routed ? BufferRef(dwt) : BufferRef(), out, scratch);
+  ASSERT_TRUE(s.ok()) << s;
+  const std::vector<float> got = Download<float>(device, out, want.size());
+  size_t exact = 0;
+  for (size_t i = 0; i < got.size(); ++i) exact += got[i] == want[i];
+  EXPECT_LT(Nmse(got, want), 1e-6)
+      << "n=" << n << " k=" << k << " routed=" << routed << " exact " << exact << "/" << got.size();
+}
+
+TEST_F(OpenClTest, FusedMoeMatchesCpuFusedFfn) {
+  for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
+    CheckFusedMoe(device(), format, 1, 2, true);   // decode
+    CheckFusedMoe(device(), format, 5, 3, true);   // a batch
+    CheckFusedMoe(device(), format, 1, 1, false);  // a dense FFN / shared expert
+    CheckFusedMoe(device(), format, 4, 1, false);
+  }
+}
+
+TEST_F(OpenClTest, RmsNormMatchesCpu) {
+  for (int64_t rows : {1, 3}) {
+    for (int64_t width : {32, 100, 4096}) {
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(rows * width), 1, 3.0f);
+      const std::vector<float> w = RandomFloats(static_cast<size_t>(width), 2);
+      std::vector<float> want(x.size());
+      model::RmsNorm(x.data(), rows, width, w.data(), 1e-5f, want.data());
+      Buffer dx = Upload(device(), x), dw = Upload(device(), w), dy = Alloc(device(), x.size() * 4);
+      ASSERT_TRUE(RmsNorm(device(), dx, rows, width, dw, 1e-5f, dy).ok());
+      EXPECT_LT(Nmse(Download<float>(device(), dy, x.size()), want), 1e-10) << rows << "x" << width;
+    }
+  }
+}
+
+TEST_F(OpenClTest, RopeMatchesCpuInBothLayouts) {
+  for (bool neox : {false, true}) {
+    for (bool factors : {false, true}) {
+      const int n_heads = 3, head_dim = 24, n_rot = 16;
+      const int64_t pos0 = 5, n = 4;
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(n * n_heads * head_dim), 4);
+      std::vector<float> ff(n_rot / 2);
+      for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.5f * static_cast<float>(i);
+      model::RopeParams p;
+      p.layout = neox ? format::RopeLayout::kNeox : format::RopeLayout::kNormal;
+      p.n_rot = n_rot;
+      p.theta_base = 10000;
+      p.freq_scale = 0.5f;
+      p.freq_factors = factors ? ff.data() : nullptr;
+      std::vector<float> want = x;
+      model::ApplyRope(p, pos0, n, n_heads, head_dim, want.data());
+      Buffer dx = Upload(device(), x), dff = Upload(device(), ff);
+      RopeArgs args;
+      args.neox = neox;
+      args.n_rot = n_rot;
+      args.theta_base = 10000;
+      args.freq_scale = 0.5f;
+      if (factors) args.freq_factors = dff;
+      ASSERT_TRUE(Rope(device(), args, pos0, n, n_heads, head_dim, dx).ok());
+      EXPECT_LT(Nmse(Download<float>(device(), dx, x.size()), want), 1e-10)
+          << "neox " << neox << " factors " << factors;
+    }
+  }
+}
+
+TEST_F(OpenClTest, SoftmaxMatchesReference) {
+  for (int64_t width : {1, 7, 256, 1000}) {
+    const int64_t rows = 3;
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(rows * width), 8, 4.0f);
+    std::vector<float> want(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * width;
+      float* yr = want.data() + r * width;
+      float m = xr[0];
+      for (int64_t i = 1; i < width; ++i) m = std::max(m, xr[i]);
+      double sum = 0;
+      for (int64_t i = 0; i < width; ++i) sum += yr[i] = std::exp(xr[i] - m);
+      for (int64_t i = 0; i < width; ++i) yr[i] *= static_cast<float>(1.0 / sum);
+    }
+    Buffer dx = Upload(device(), x);
+    ASSERT_TRUE(Softmax(device(), dx, rows, width, dx).ok());  // in place
+    EXPECT_LT(Nmse(Download<float>(device(), dx, x.size()), want), 1e-10) << width;
+  }
+}
+
+TEST_F(OpenClTest, AttentionMatchesCpuPrefillAndDecode) {
+  struct Case {
+    int n_head, n_head_kv, dk, dv;
+    int64_t pos0, n;
+  };
+  for (const Case& c : {Case{4, 2, 16, 16, 0, 5}, Case{4, 4, 32, 24, 7, 1},
+                        Case{6, 2, 64, 64, 70, 3}, Case{2, 1, 8, 8, 0, 1}}) {
+    const int64_t n_kv = c.pos0 + c.n;
+    const std::vector<float> q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 1);
+    const std::vector<float> k = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dk), 2);
+    const std::vector<float> v = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dv), 3);
+    model::AttentionShape shape;
+    shape.n_head = c.n_head;
+    shape.n_head_kv = c.n_head_kv;
+    shape.head_dim_k = c.dk;
+    shape.head_dim_v = c.dv;
+    shape.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+    std::vector<float> want(static_cast<size_t>(c.n * c.n_head * c.dv));
+    model::ThreadPool pool(1);
+    model::Attention(pool, shape, q.data(), c.n, c.pos0, k.data(), v.data(), want.data());
+    Buffer dq = Upload(device(), q), dk = Upload(device(), k), dv = Upload(device(), v);
+    Buffer out = Alloc(device(), want.size() * 4);
+    Scratch scratch;
+    const AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, shape.scale};
+    ASSERT_TRUE(Attention(device(), args, dq, c.n, c.pos0, dk, dv, out, scratch).ok());
+    EXPECT_LT(Nmse(Download<float>(device(), out, want.size()), want), 1e-10)
+        << "heads " << c.n_head << "/" << c.n_head_kv << " pos0 " << c.pos0 << " n " << c.n;
+  }
+}
+
+TEST_F(OpenClTest, TopKRouteMatchesCpuIndices) {
+  for (int n_expert : {8, 60, 256}) {
+    for (int k : {1, 2, 8}) {
+      for (bool renorm : {false, true}) {
+        const int64_t n = 4;
+        std::vector<float> logits = RandomFloats(static_cast<size_t>(n * n_expert),
+                                                 static_cast<uint32_t>(n_expert * 10 + k), 2.0f);
+        // Token 3: all equal (ties go to the lower index).
+        for (int e = 0; e < n_expert; ++e) logits[static_cast<size_t>(3 * n_expert + e)] = 0.5f;
+        std::vector<int> want_e(static_cast<size_t>(n * k));
+        std::vector<float> want_w(want_e.size());
+        for (int64_t t = 0; t < n; ++t) {
+          model::RouteToken(logits.data() + t * n_expert, n_expert, k, renorm,
+                            want_e.data() + t * k, want_w.data() + t * k);
+        }
+        Buffer dl = Upload(device(), logits);
+        Buffer de = Alloc(device(), want_e.size() * 4), dw = Alloc(device(), want_w.size() * 4);
+        ASSERT_TRUE(TopKRoute(device(), dl, n, n_expert, k, renorm, de, dw).ok());
+        EXPECT_EQ(Download<int>(device(), de, want_e.size()), want_e)
+            << "E " << n_expert << " k " << k;
+        EXPECT_LT(Nmse(Download<float>(device(), dw, want_w.size()), want_w), 1e-10);
+      }
+    }
+  }
+}
+
+// Router -> experts on the device with no host round trip in between.
+TEST_F(OpenClTest, RoutedMoeChainsOnTheDevice) {
+  const int n_expert = 8, k = 2;
+  const int64_t n = 3, n_embd = 64, n_ff = 96;
+  const PackedMatrix router = MakePacked(WeightFormat::kW8, 1, n_expert, n_embd, 9);
+  const PackedMatrix gate = MakePacked(WeightFormat::kW4, n_expert, n_ff, n_embd, 1);
+  const PackedMatrix up = MakePacked(WeightFormat::kW4, n_expert, n_ff, n_embd, 2);
+  const PackedMatrix down = MakePacked(WeightFormat::kW4, n_expert, n_embd, n_ff, 3);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * n_embd), 4, 3.0f);
+  const A8Pair a = QuantizeBoth(device(), x, n, n_embd);
+  // CPU
+  const std::vector<float> logits = CpuMatMul(router, 0, a.cpu);
+  std::vector<int> experts(static_cast<size_t>(n * k));
+  std::vector<float> weights(experts.size());
+  for (int64_t t = 0; t < n; ++t) {
+    model::RouteToken(logits.data() + t * n_expert, n_expert, k, true, experts.data() + t * k,
+                      weights.data() + t * k);
+  }
+  std::vector<float> want(static_cast<size_t>(n * n_embd));
+  core::ThreadPool pool(1);
+  FusedFfn(
+      pool, kernels::GetKernelConfig(), a.cpu, k, experts.data(), weights.data(),
+      [&](int e) {
+        return FfnView{gate.group(e), up.group(e), down.group(e)};
+      },
+      n_embd, want.data());
+  // Device
+  DeviceMatrix dr = DeviceMatrix::Upload(device(), router).value();
+  DeviceMatrix dg = DeviceMatrix::Upload(device(), gate).value();
+  DeviceMatrix du = DeviceMatrix::Upload(device(), up).value();
+  DeviceMatrix dd = DeviceMatrix::Upload(device(), down).value();
+  Buffer dl = Alloc(device(), logits.size() * 4);
+  Buffer de = Alloc(device(), experts.size() * 4), dw = Alloc(device(), weights.size() * 4);
+  Buffer out = Alloc(device(), want.size() * 4);
+  Scratch scratch;
+  ASSERT_TRUE(QMatMul(device(), dr.ref, 0, a.device, n, dl).ok());
+  ASSERT_TRUE(TopKRoute(device(), dl, n, n_expert, k, true, de, dw).ok());
+  ASSERT_TRUE(
+      FusedMoe(device(), {dg.ref, du.ref, dd.ref}, a.device, n, k, de, dw, out, scratch).ok());
+  ASSERT_TRUE(device().Finish().ok());
+  EXPECT_EQ(Download<int>(device(), de, experts.size()), experts);
+  EXPECT_LT(Nmse(Download<float>(device(), out, want.size()), want), 1e-6);
+}
+
+TEST_F(OpenClTest, BadExpertIdGivesNanNotACrash) {
+  const PackedMatrix gate = MakePacked(WeightFormat::kW4, 2, 32, 32, 1);
+  const PackedMatrix down = MakePacked(WeightFormat::kW4, 2, 32, 32, 3);
+  DeviceMatrix dg = DeviceMatrix::Upload(device(), gate).value();
+  DeviceMatrix dd = DeviceMatrix::Upload(device(), down).value();
+  const A8Pair a = QuantizeBoth(device(), RandomFloats(32, 1), 1, 32);
+  Buffer de = Upload(device(), std::vector<int>{7});
+  Buffer dw = Upload(device(), std::vector<float>{1.0f});
+  Buffer out = Alloc(device(), 32 * 4);
+  Scratch scratch;
+  ASSERT_TRUE(
+      FusedMoe(device(), {dg.ref, dg.ref, dd.ref}, a.device, 1, 1, de, dw, out, scratch).ok());
+  for (float v : Download<float>(device(), out, 32)) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST_F(OpenClTest, HostVisibleBufferMapsForZeroCopy) {
+  absl::StatusOr<Buffer> b = Buffer::Create(device(), 1024, /*host_visible=*/true);
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<void*> p = b->Map(device(), /*write=*/true);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto* f = static_cast<float*>(*p);
+  for (int i = 0; i < 256; ++i) f[i] = static_cast<float>(i);
+  ASSERT_TRUE(b->Unmap(device(), *p).ok());
+  // A kernel sees what the host wrote through the map.
+  ASSERT_TRUE(Softmax(device(), *b, 1, 256, *b).ok());
+  const std::vector<float> y = Download<float>(device(), *b, 256);
+  EXPECT_GT(y[255], y[254]);
+  EXPECT_NEAR(std::accumulate(y.begin(), y.end(), 0.0), 1.0, 1e-5);
+}
+
+TEST_F(OpenClTest, SecondStartLoadsProgramsFromTheDiskCache) {
+  const std::string dir = TempDir("second-start");
+  DeviceOptions options;
+  options.allow_cpu = true;
+  options.name_filter = device().info().name;
+  options.cache_dir = dir;
+  {
+    std::unique_ptr<Device> first = Device::Open(options).value();
+    ASSERT_TRUE(first->programs().Kernel("q8_quant", "q8_quant").ok());
+    EXPECT_EQ(first->programs().stats().source_builds, 1);
+    EXPECT_EQ(first->programs().stats().disk_hits, 0);
+    EXPECT_EQ(first->programs().stats().disk_writes, 1);
+  }
+  {
+    std::unique_ptr<Device> second = Device::Open(options).value();
+    ASSERT_TRUE(second->programs().Kernel("q8_quant", "q8_quant").ok());
+    EXPECT_EQ(second->programs().stats().source_builds, 0);
+    EXPECT_EQ(second->programs().stats().disk_hits, 1);
+    // And the cached program computes the same blocks.
+    const std::vector<float> x = RandomFloats(64, 2);
+    const A8Pair a = QuantizeBoth(*second, x, 1, 64);
+    const std::vector<moert_a8_block> got = Download<moert_a8_block>(*second, a.device, 2);
+    EXPECT_EQ(std::memcmp(got.data(), a.cpu.row(0), 2 * sizeof(moert_a8_block)), 0);
+  }
+  // A corrupted cache file is rejected and rebuilt from source.
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ofstream(entry.path(), std::ios::binary | std::ios::trunc) << "garbage";
+  }
+  {
+    std::unique_ptr<Device> third = Device::Open(options).value();
+    ASSERT_TRUE(third->programs().Kernel("q8_quant", "q8_quant").ok());
+    EXPECT_EQ(third->programs().stats().binaries_rejected, 1);
+    EXPECT_EQ(third->programs().stats().source_builds, 1);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(OpenClTest, BuildFailureReturnsTheBuildLog) {
+  absl::StatusOr<cl_program> p = device().programs().Build(
+      "__kernel void broken(__global float* x) { x[0] = undeclared; }", "");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInternal);
+  const std::string message(p.status().message());
+  EXPECT_NE(message.find("CL_BUILD_PROGRAM_FAILURE"), std::string::npos) << message;
+  EXPECT_NE(message.find("undeclared"), std::string::npos) << message;
+  EXPECT_EQ(device().programs().Kernel("no_such_file", "k").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(OpenClStatusTest, ErrorCodesMapToStatusCodes) {
+  EXPECT_TRUE(ClStatus(CL_SUCCESS, "x").ok());
+  EXPECT_EQ(ClStatus(CL_OUT_OF_RESOURCES, "clEnqueueNDRangeKernel").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ClStatus(CL_DEVICE_NOT_AVAILABLE, "clFinish").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ClStatus(CL_INVALID_KERNEL_ARGS, "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ClStatus(-9999, "clFinish").code(), absl::StatusCode::kUnavailable);
+  const std::string m(ClStatus(CL_MEM_OBJECT_ALLOCATION_FAILURE, "clCreateBuffer").message());
+  EXPECT_NE(m.find("clCreateBuffer"), std::string::npos);
+  EXPECT_NE(m.find("CL_MEM_OBJECT_ALLOCATION_FAILURE"), std::string::npos);
+}
+
+TEST(OpenClVariantTest, VendorTilesAndExtensions) {
+  DeviceInfo info;
+  info.type = CL_DEVICE_TYPE_GPU;
+  info.max_work_group_size = 1024;
+  info.vendor_kind = Vendor::kAdreno;
+  info.extensions = "cl_khr_fp16 cl_qcom_reqd_sub_group_size cl_khr_subgroups";
+  KernelVariant v = DefaultVariant(info);
+  EXPECT_TRUE(v.use_fp16);
+  EXPECT_TRUE(v.use_subgroups);
+  EXPECT_TRUE(v.use_qcom_subgroup_size);
+  EXPECT_FALSE(v.use_int_dot);
+  EXPECT_EQ(v.gemv_k_split, 8);
+  info.vendor_kind = Vendor::kMali;
+  info.extensions = "cl_khr_integer_dot_product";
+  v = DefaultVariant(info);
+  EXPECT_TRUE(v.use_int_dot);
+  EXPECT_FALSE(v.use_fp16);
+  EXPECT_EQ(v.gemv_k_split, 4);
+  EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_INT_DOT=1"), std::string::npos);
+  // A CPU device: one work-item per row (the CPU kernels' exact order); a tiny maximum
+  // work-group size caps every tile.
+  info.vendor_kind = Vendor::kOther;
+  info.type = CL_DEVICE_TYPE_CPU;
+  info.max_work_group_size = 16;
+  v = DefaultVariant(info);
+  EXPECT_EQ(v.gemv_k_split, 1);
+  EXPECT_LE(v.row_wg, 16u);
+}
+
+}  // namespace
+}  // namespace moert::backend::opencl
