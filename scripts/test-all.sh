@@ -2,7 +2,8 @@
 # Sets up and runs every test of moert (this is what CI runs, through .ci/run):
 #   1. x86_64 build, warnings as errors, unit + tool + install tests
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
-#   3. aarch64 cross build, its tests under qemu-aarch64 -cpu max
+#   3. aarch64 cross build (no benchmarks: their kernels' bits are the unit tests'),
+#      its tests under qemu-aarch64 -cpu max
 #   (tests labelled `slow`, the full perplexity runs, only run in step 1)
 #   4. the GGUF fuzzer (libFuzzer) for a bounded time
 # Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
@@ -38,7 +39,7 @@ if [[ $skip != *" aarch64 "* ]]; then
   scripts/arm64-sysroot.sh "$root/aarch64/sysroot"
   cmake -S . -B "$root/aarch64" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON \
     -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake \
-    -DMOERT_ARM64_SYSROOT="$PWD/$root/aarch64/sysroot"
+    -DMOERT_ARM64_SYSROOT="$PWD/$root/aarch64/sysroot" -DMOERT_BUILD_BENCH=OFF
   cmake --build "$root/aarch64" -j "$jobs"
   ctest --test-dir "$root/aarch64" --output-on-failure -j "$jobs" -LE slow
 fi
