@@ -1,9 +1,10 @@
 // moert-pack IN.gguf OUT.gguf: rewrites a MoE model with its routed-expert tensors
 // already in the kernels' runtime layouts (backend/packing.h; docs/formats.md,
-// "Packed GGUF files"), so that loading them is a copy. With --sparsity 2:4 the
-// experts are pruned to W4S24, by magnitude or, given a calibration text, by
-// |w| * RMS of the activations each input column sees; with a text it also prints
-// the perplexity on that text before and after.
+// "Packed GGUF files"), so that loading them is a copy, and with every expert's
+// checksum (moert.expert_xxh64), so that even the first load of one is verified. With
+// --sparsity 2:4 the experts are pruned to W4S24, by magnitude or, given a calibration
+// text, by |w| * RMS of the activations each input column sees; with a text it also
+// prints the perplexity on that text before and after.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +27,8 @@
 #include "backend/packing.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "experts/checksum.h"
+#include "experts/expert_directory.h"
 #include "format/arch.h"
 #include "format/dequant.h"
 #include "format/gguf.h"
@@ -54,7 +58,9 @@ constexpr char kUsage[] =
     "repacked into the runtime layout of its type (Q4_0 -> moert_w4, Q4_1/Q4_K ->\n"
     "moert_w4m, others -> moert_w8), each expert on its own, in 8-row tiles. A tensor\n"
     "whose rows are not a multiple of 8 or columns not a multiple of 32 is copied as is,\n"
-    "and so is every other tensor and all metadata; moert.pack.* keys are added.\n"
+    "and so is every other tensor and all metadata; moert.pack.* keys are added, and\n"
+    "moert.expert_xxh64: each expert's checksum, which the runtime verifies from the\n"
+    "first load on.\n"
     "\n"
     "  --sparsity 2:4|none    2:4: prune the experts to moert_w4s24, keeping 2 of every\n"
     "                         4 weights of a row (default: none)\n"
@@ -375,17 +381,96 @@ absl::Status PackExpert(const GgufFile& file, const Plan& p, int64_t e,
   return moert::backend::PruneW4ToW4S24(w4, p.rows, p.cols, importance, *dst);
 }
 
-absl::Status WritePacked(const GgufFile& file, const std::vector<Plan>& plans,
-                         const Options& options, const Calibration* calibration,
-                         const std::string& path) {
+// The moert.expert_xxh64 values (experts/expert_directory.h): per layer and expert,
+// layer-major, experts::ExpertChecksum of the expert's gate, up and down bytes exactly
+// as OUT will hold them (packed by PackExpert, or the expert's slice of a tensor that
+// is copied); 0 for a layer without routed experts. The metadata precedes the tensor
+// data, so this is a pass of its own that packs every expert once more than the write
+// does, holding one expert at a time. Nullopt, with a note, when a layer's expert
+// tensors are not what ExpertDirectory reads (one of the three missing, or a tensor
+// that is not n_expert equal slices): the runtime refuses such a file anyway.
+absl::StatusOr<std::optional<std::vector<uint64_t>>> ExpertChecksums(
+    const GgufFile& file, const ModelSpec& spec, const std::vector<Plan>& plans,
+    const Calibration* calibration, std::vector<std::string>* notes) {
+  std::unordered_map<std::string_view, const Plan*> plan_of;
+  for (const Plan& p : plans) plan_of.emplace(p.tensor->name, &p);
+  const int n_layer = static_cast<int>(spec.n_layer);
+  const uint64_t n_expert = spec.n_expert;
+  std::vector<uint64_t> checksums(static_cast<size_t>(n_layer) * n_expert, 0);
+  std::vector<uint8_t> packed[3];
+  for (int il = 0; il < n_layer; ++il) {
+    const Plan* parts[3];
+    int present = 0;
+    for (int k = 0; k < 3; ++k) {
+      const auto it = plan_of.find(moert::format::TensorWeightName(kExpertKinds[k], il));
+      parts[k] = it == plan_of.end() ? nullptr : it->second;
+      present += parts[k] != nullptr ? 1 : 0;
+    }
+    if (present == 0) continue;  // a dense layer
+    for (int k = 0; k < 3; ++k) {
+      const Plan* p = parts[k];
+      const char* why = nullptr;
+      if (p == nullptr) {
+        why = "a routed-expert tensor of this layer is missing";
+      } else if (p->pack ? p->n_expert != static_cast<int64_t>(n_expert)
+                         : p->tensor->n_bytes % n_expert != 0) {
+        why = "it is not one slice per expert";
+      }
+      if (why != nullptr) {
+        notes->push_back(StrCat("no expert checksums (", moert::experts::kChecksumKey, "): layer ",
+                                il, ", ", moert::format::TensorWeightName(kExpertKinds[k], il),
+                                ": ", why));
+        return std::nullopt;
+      }
+    }
+    for (uint64_t e = 0; e < n_expert; ++e) {
+      std::span<const uint8_t> bytes[3];
+      for (int k = 0; k < 3; ++k) {
+        const Plan& p = *parts[k];
+        if (!p.pack) {
+          const uint64_t each = p.tensor->n_bytes / n_expert;
+          bytes[k] = file.TensorData(*p.tensor).subspan(static_cast<size_t>(e * each),
+                                                        static_cast<size_t>(each));
+          continue;
+        }
+        absl::Status status = PackExpert(file, p, static_cast<int64_t>(e), calibration, &packed[k]);
+        if (!status.ok()) {
+          return absl::Status(status.code(), StrCat(p.tensor->name, ", expert ", e, ": ",
+                                                    std::string(status.message())));
+        }
+        bytes[k] = packed[k];
+      }
+      checksums[static_cast<size_t>(il) * n_expert + e] =
+          moert::experts::ExpertChecksum(bytes[0], bytes[1], bytes[2]);
+    }
+  }
+  return checksums;
+}
+
+absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
+                         const std::vector<Plan>& plans, const Options& options,
+                         const Calibration* calibration, const std::string& path,
+                         std::vector<std::string>* notes) {
   moert::format::GgufWriter writer;
-  CopyMetadata(file, &writer, [](std::string_view) { return false; });
+  // IN's own checksums (if any) are of IN's bytes: OUT gets its own below.
+  CopyMetadata(file, &writer,
+               [](std::string_view key) { return key == moert::experts::kChecksumKey; });
   writer.SetUint32("moert.pack.version", 1);
   writer.SetString("moert.pack.sparsity", options.sparse ? "2:4" : "none");
   writer.SetUint32("moert.pack.tile_rows", MOERT_NR);
   writer.SetString("moert.pack.calibration",
                    calibration != nullptr ? std::filesystem::path(options.calib).filename().string()
                                           : std::string());
+  MOERT_ASSIGN_OR_RETURN(std::optional<std::vector<uint64_t>> checksums,
+                         ExpertChecksums(file, spec, plans, calibration, notes));
+  if (checksums) {
+    std::vector<uint8_t> raw(checksums->size() * 8);
+    for (size_t i = 0; i < checksums->size(); ++i) {
+      for (size_t b = 0; b < 8; ++b)
+        raw[i * 8 + b] = static_cast<uint8_t>((*checksums)[i] >> (8 * b));
+    }
+    writer.SetArray(moert::experts::kChecksumKey, GgufValueType::kUint64, checksums->size(), raw);
+  }
   for (const Plan& p : plans) {
     const GgmlType type = p.pack ? moert::backend::PackedTypeOf(p.format) : p.tensor->type;
     MOERT_RETURN_IF_ERROR(writer.DeclareTensor(p.tensor->name, type, p.tensor->dims));
@@ -415,8 +500,10 @@ absl::Status WritePacked(const GgufFile& file, const std::vector<Plan>& plans,
 // values in a file any loader reads.
 absl::Status WriteUnpacked(const GgufFile& packed, const std::string& path) {
   moert::format::GgufWriter writer;
-  CopyMetadata(packed, &writer,
-               [](std::string_view key) { return key.substr(0, 11) == "moert.pack."; });
+  // The expert checksums are of the packed bytes: they do not hold for these.
+  CopyMetadata(packed, &writer, [](std::string_view key) {
+    return key.substr(0, 11) == "moert.pack." || key == moert::experts::kChecksumKey;
+  });
   for (const GgufTensorInfo& t : packed.tensors()) {
     const std::optional<WeightFormat> format = moert::backend::PackedFormatOf(t.type);
     MOERT_RETURN_IF_ERROR(writer.DeclareTensor(
@@ -562,7 +649,12 @@ int Run(const Options& options) {
   for (const std::string& note : notes) std::fprintf(stderr, "moert-pack: %s\n", note.c_str());
   // Written beside OUT, then renamed: a failed run leaves no half-written OUT.
   const std::string partial = options.out + ".partial";
-  absl::Status status = WritePacked(file, plans, options, calibration.get(), partial);
+  std::vector<std::string> checksum_notes;
+  absl::Status status =
+      WritePacked(file, spec, plans, options, calibration.get(), partial, &checksum_notes);
+  for (const std::string& note : checksum_notes) {
+    std::fprintf(stderr, "moert-pack: %s\n", note.c_str());
+  }
   if (!status.ok()) {
     std::remove(partial.c_str());
     return Fail(status);

@@ -1,0 +1,204 @@
+// Tests of the expert checksums moert-pack writes (moert.expert_xxh64), as the expert
+// cache reads them: one per expert, equal to what the loader computes from the packed
+// file's bytes, so that a corrupted expert fails its very first load.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/strings.h"
+#include "experts/checksum.h"
+#include "experts/expert_cache.h"
+#include "experts/expert_directory.h"
+#include "experts/loader.h"
+#include "format/gguf.h"
+#include "format/model_spec.h"
+
+namespace moert {
+namespace {
+
+using experts::ExpertCache;
+using experts::ExpertCacheOptions;
+using experts::ExpertDirectory;
+using experts::ExpertInfo;
+using experts::ExpertPart;
+using format::GgufFile;
+
+const std::string kOracle = StrCat(MOERT_SHARED_DIR, "/models/tiny-moe-shakespeare-q4_0.gguf");
+
+// Runs moert-pack with `args`; its exit status.
+int Pack(const std::string& args) {
+  const std::string command = StrCat(MOERT_PACK_COMMAND, " ", args, " 2>/dev/null");
+  return std::system(command.c_str());
+}
+
+// Unique per process: ctest runs each test of this binary as its own process, in
+// parallel.
+std::string TempPath(const std::string& name) {
+  return StrCat(::testing::TempDir(), "/", getpid(), "_", name);
+}
+
+// An open packed file and its expert directory.
+struct Packed {
+  std::unique_ptr<GgufFile> file;
+  std::optional<ExpertDirectory> directory;
+};
+
+Packed Open(const std::string& path) {
+  Packed packed;
+  auto file = GgufFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return packed;
+  packed.file = std::move(*file);
+  auto spec = format::ReadModelSpec(*packed.file);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return packed;
+  auto dir =
+      ExpertDirectory::Build(*packed.file, static_cast<int>(spec->n_layer),
+                             static_cast<int>(spec->n_expert), spec->n_embd, spec->n_ff_expert);
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  if (dir.ok()) packed.directory.emplace(std::move(*dir));
+  return packed;
+}
+
+// A cache whose pool holds two of the largest experts: loading every expert once
+// evicts all along, and every load is checked against the stored checksum.
+std::unique_ptr<ExpertCache> SmallCache(const ExpertDirectory& dir) {
+  ExpertCacheOptions options;
+  options.pool_bytes =
+      2 * ExpertCache::BlockBytes(dir.max_runtime_bytes(), options.min_block_bytes);
+  options.loader.mode = experts::IoMode::kBuffered;
+  auto cache = ExpertCache::Create(dir, options);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+// The oracle model, packed by moert-pack with the parameter's options.
+class PackChecksums : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    path_ = TempPath("pack_test.gguf");
+    ASSERT_EQ(Pack(StrCat(kOracle, " ", path_, " ", GetParam())), 0) << GetParam();
+  }
+  void TearDown() override {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(path_ + ".corrupt");
+  }
+  std::string path_;
+};
+
+TEST_P(PackChecksums, OnePerExpertEqualToTheLoaders) {
+  const Packed packed = Open(path_);
+  ASSERT_TRUE(packed.directory.has_value());
+  const ExpertDirectory& dir = *packed.directory;
+  ASSERT_EQ(dir.pooled_layers(), dir.n_layer());  // every layer of the oracle is MoE
+  auto loader = experts::Loader::Create(dir, {.mode = experts::IoMode::kBuffered});
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  std::unique_ptr<uint8_t, decltype(&std::free)> block(
+      static_cast<uint8_t*>(std::aligned_alloc(64, (dir.max_runtime_bytes() + 63) / 64 * 64)),
+      &std::free);
+  std::vector<uint64_t> seen;
+  for (int l = 0; l < dir.n_layer(); ++l) {
+    for (int e = 0; e < dir.n_expert(); ++e) {
+      SCOPED_TRACE(StrCat("layer ", l, ", expert ", e));
+      const std::optional<uint64_t> stored = dir.stored_checksum(l, e);
+      ASSERT_TRUE(stored.has_value());
+      // The bytes the directory says the expert has, hashed here.
+      const ExpertInfo& info = dir.info(l, e);
+      std::span<const uint8_t> parts[3];
+      for (size_t p = 0; p < 3; ++p) {
+        const ExpertPart& part = info.parts[p];
+        EXPECT_TRUE(part.packed_in_file) << part.tensor;
+        parts[p] = packed.file->bytes().subspan(part.file_offset, part.file_bytes);
+      }
+      EXPECT_EQ(*stored, experts::ExpertChecksum(parts[0], parts[1], parts[2]));
+      // What the loader computes when it reads them.
+      experts::LoadResult r = (*loader)->Wait((*loader)->Submit(info, block.get(), std::nullopt));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.checksum, *stored);
+      seen.push_back(*stored);
+    }
+  }
+  EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), seen.size())
+      << "two experts with one checksum";
+
+  // Every expert through a small cache, verified against the stored checksums.
+  std::unique_ptr<ExpertCache> cache = SmallCache(dir);
+  ASSERT_NE(cache, nullptr);
+  for (int l = 0; l < dir.n_layer(); ++l) {
+    for (int e = 0; e < dir.n_expert(); ++e) {
+      auto view = cache->Acquire(l, e);
+      ASSERT_TRUE(view.ok()) << view.status();
+      cache->Release(l, e);
+    }
+  }
+  EXPECT_EQ(cache->stats().loads, dir.expert_count());
+  EXPECT_EQ(cache->stats().failed_loads, 0u);
+}
+
+// One byte of one expert's down matrix flipped: that expert's first load is DataLoss
+// naming it (without stored checksums it would load the bad bytes and trust them);
+// every other expert loads.
+TEST_P(PackChecksums, CorruptExpertFailsItsFirstLoad) {
+  constexpr int kLayer = 2, kExpert = 5;
+  uint64_t offset = 0;
+  {
+    const Packed packed = Open(path_);
+    ASSERT_TRUE(packed.directory.has_value());
+    const ExpertPart& down = packed.directory->info(kLayer, kExpert).parts[2];
+    offset = down.file_offset + down.file_bytes / 2;
+  }
+  const std::string corrupt = path_ + ".corrupt";
+  std::filesystem::copy_file(path_, corrupt, std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(static_cast<std::streamoff>(offset));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x01);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(&byte, 1);
+    ASSERT_TRUE(f.good());
+  }
+  const Packed packed = Open(corrupt);
+  ASSERT_TRUE(packed.directory.has_value());
+  const ExpertDirectory& dir = *packed.directory;
+  std::unique_ptr<ExpertCache> cache = SmallCache(dir);
+  ASSERT_NE(cache, nullptr);
+  auto bad = cache->Acquire(kLayer, kExpert);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  const std::string message(bad.status().message());
+  EXPECT_NE(message.find(StrCat("layer ", kLayer, ", expert ", kExpert)), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("checksum mismatch"), std::string::npos) << message;
+  EXPECT_FALSE(cache->IsResident(kLayer, kExpert));
+  for (int l = 0; l < dir.n_layer(); ++l) {
+    for (int e = 0; e < dir.n_expert(); ++e) {
+      if (l == kLayer && e == kExpert) continue;
+      auto view = cache->Acquire(l, e);
+      ASSERT_TRUE(view.ok()) << "layer " << l << ", expert " << e << ": " << view.status();
+      cache->Release(l, e);
+    }
+  }
+  EXPECT_EQ(cache->stats().failed_loads, 1u);
+}
+
+// Dense (lossless W4) and 2:4 pruned by magnitude (W4S24: packed, then pruned).
+INSTANTIATE_TEST_SUITE_P(Modes, PackChecksums, ::testing::Values("", "--sparsity 2:4"),
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           return std::string(param.param).empty() ? "Dense" : "Sparse24";
+                         });
+
+}  // namespace
+}  // namespace moert
