@@ -79,6 +79,10 @@ struct Params {
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
+  // Prefetch of predicted experts, one run of the tests per value (--prefetch on,off).
+  std::vector<bool> prefetch = {false};
+  int prefetch_depth = 1;
+  int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -237,6 +241,32 @@ const std::vector<Flag>& Flags() {
       {"", "--dynamic-k", "P",
        "each token takes the fewest experts whose routing\nprobability reaches P (default off)",
        FloatSetter(&Params::dynamic_k, 0, false, 1, "a probability in (0, 1]")},
+      {"", "--prefetch", "on|off[,...]",
+       "prefetch predicted experts while a layer computes;\na list runs the tests once per value "
+       "(default off)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::vector<bool> values;
+         for (std::string_view rest = v; !rest.empty();) {
+           const size_t comma = rest.find(',');
+           const std::string_view item = rest.substr(0, comma);
+           if (item == "on" || item == "1") {
+             values.push_back(true);
+           } else if (item == "off" || item == "0") {
+             values.push_back(false);
+           } else {
+             return std::string("expected on or off, or a comma list of them");
+           }
+           rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+         }
+         if (values.empty()) return std::string("expected on or off, or a comma list of them");
+         p.prefetch = values;
+         return std::nullopt;
+       }},
+      {"", "--prefetch-depth", "N", "prefetch for the layer N ahead (default 1)",
+       IntSetter(&Params::prefetch_depth, 1, 1 << 16, "layers ahead")},
+      {"", "--prefetch-protect", "N",
+       "prefetch never evicts experts used in the last N\nsteps (default 2, the lazy window)",
+       IntSetter(&Params::prefetch_protect, 0, 1 << 16, "steps")},
       {"", "--thermal-limit", "C",
        "above C degrees Celsius, one expert fewer per token\n(default 0: no limit)",
        FloatSetter(&Params::thermal_limit, 0, false, 1e30f, "degrees Celsius > 0")},
@@ -456,6 +486,14 @@ struct TestResult {
   double stall_ms_per_token = 0;
   double average_k = 0;        // experts per token-layer during the timed repetitions
   double router_changed = 0;   // share of token-layers whose choice an adjustment changed
+  // Prefetch during the timed repetitions.
+  bool prefetch = false;
+  int prefetch_depth = 0;
+  double prefetch_precision = 0;
+  double prefetch_recall = 0;
+  uint64_t loads_hidden = 0;
+  uint64_t loads_waited = 0;
+  uint64_t prefetch_backed_off = 0;
 
   int n_tokens() const { return n_prompt + n_gen; }
   std::string name() const { return n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen); }
@@ -528,6 +566,21 @@ class Bench {
     const double tokens = static_cast<double>(repetitions) * r.n_tokens();
     r.bytes_read_per_token = static_cast<double>(a.bytes_loaded - b.bytes_loaded) / tokens;
     r.stall_ms_per_token = static_cast<double>(a.stall_ns - b.stall_ns) / 1e6 / tokens;
+    r.prefetch = r.memory.prefetch;
+    r.prefetch_depth = r.memory.prefetch_depth;
+    r.loads_hidden = a.loads_hidden - b.loads_hidden;
+    r.loads_waited = a.loads_waited - b.loads_waited;
+    {
+      const moert::pipeline::PrefetchStats& pa = r.memory.prefetcher;
+      const moert::pipeline::PrefetchStats& pb = before.prefetcher;
+      const uint64_t predicted = pa.predicted - pb.predicted;
+      const uint64_t used = pa.used - pb.used;
+      const uint64_t correct = pa.correct - pb.correct;
+      r.prefetch_precision =
+          predicted > 0 ? static_cast<double>(correct) / static_cast<double>(predicted) : 0;
+      r.prefetch_recall = used > 0 ? static_cast<double>(correct) / static_cast<double>(used) : 0;
+      r.prefetch_backed_off = pa.backed_off - pb.backed_off;
+    }
     if (const moert::router::Router* router = model_.router(); router != nullptr) {
       const moert::router::RouterStats& s = router->stats();
       const uint64_t n = s.token_layers - routed_before.token_layers;
@@ -667,6 +720,12 @@ class JsonPrinter : public Printer {
         {"dynamic_k", absl::StrFormat("%g", info_.dynamic_k)},
         {"average_k", absl::StrFormat("%.4f", r.average_k)},
         {"router_changed", absl::StrFormat("%.6f", r.router_changed)},
+        {"prefetch", r.prefetch ? "true" : "false"},
+        {"prefetch_depth", StrCat(r.prefetch_depth)},
+        {"prefetch_precision", absl::StrFormat("%.6f", r.prefetch_precision)},
+        {"prefetch_recall", absl::StrFormat("%.6f", r.prefetch_recall)},
+        {"loads_hidden", StrCat(r.loads_hidden)},
+        {"loads_waited", StrCat(r.loads_waited)},
     };
     std::vector<std::string> ts_text;
     for (double t : ts) ts_text.push_back(absl::StrFormat("%.6f", t));
@@ -826,6 +885,9 @@ int Run(const Params& p) {
     options.router.alpha = p.router_alpha;
     options.router.dynamic_k_p = p.dynamic_k;
     options.resource_monitor.thermal_limit_c = p.thermal_limit;
+    options.prefetch = p.prefetch.front();
+    options.prefetch_depth = p.prefetch_depth;
+    options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
     // Each test has its own KV cache, one after the other.
     options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
     auto loaded = moert::model::Model::Load(**file, options);
@@ -863,25 +925,44 @@ int Run(const Params& p) {
   if (p.n_gen > 0) tests.emplace_back(0, p.n_gen);
   printer->Header();
   int rc = 0;
-  for (const auto& [n_prompt, n_gen] : tests) {
-    const std::string name = n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen);
-    std::fprintf(stderr, "%s: %s: warm-up and %d repetition(s), %d thread(s)\n", kTool,
-                 name.c_str(), p.repetitions, info.n_threads);
-    auto result = bench.Run(n_prompt, n_gen, p.repetitions);
-    if (!result.ok()) {
-      rc = Fail(StrCat(name, " failed: ", result.status().message()));
+  for (const bool prefetch : p.prefetch) {
+    if (absl::Status s = model->SetPrefetch(prefetch, p.prefetch_depth); !s.ok()) {
+      rc = Fail(StrCat("--prefetch: ", s.message()));
       break;
     }
-    if (result->memory.expert_pool) {
-      std::fprintf(stderr,
-                   "%s: %s: expert hit rate %.1f%%, %.2f MiB read and %.2f ms stalled per token, "
-                   "peak RSS %.1f MiB of a %.1f MiB budget\n",
-                   kTool, name.c_str(), 100 * result->hit_rate,
-                   result->bytes_read_per_token / (1 << 20), result->stall_ms_per_token,
-                   static_cast<double>(result->peak_rss_bytes) / (1 << 20),
-                   static_cast<double>(result->memory.budget_bytes) / (1 << 20));
+    for (const auto& [n_prompt, n_gen] : tests) {
+      const std::string name =
+          StrCat(n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen),
+                 p.prefetch.size() > 1 ? (prefetch ? " prefetch on" : " prefetch off") : "");
+      std::fprintf(stderr, "%s: %s: warm-up and %d repetition(s), %d thread(s)\n", kTool,
+                   name.c_str(), p.repetitions, info.n_threads);
+      auto result = bench.Run(n_prompt, n_gen, p.repetitions);
+      if (!result.ok()) {
+        rc = Fail(StrCat(name, " failed: ", result.status().message()));
+        break;
+      }
+      if (result->memory.expert_pool) {
+        std::fprintf(stderr,
+                     "%s: %s: expert hit rate %.1f%%, %.2f MiB read and %.2f ms stalled per token, "
+                     "peak RSS %.1f MiB of a %.1f MiB budget\n",
+                     kTool, name.c_str(), 100 * result->hit_rate,
+                     result->bytes_read_per_token / (1 << 20), result->stall_ms_per_token,
+                     static_cast<double>(result->peak_rss_bytes) / (1 << 20),
+                     static_cast<double>(result->memory.budget_bytes) / (1 << 20));
+        if (result->prefetch) {
+          std::fprintf(stderr,
+                       "%s: %s: prefetch depth %d: precision %.3f, recall %.3f, %llu loads hidden, "
+                       "%llu waited for, %llu backed off\n",
+                       kTool, name.c_str(), result->prefetch_depth, result->prefetch_precision,
+                       result->prefetch_recall,
+                       static_cast<unsigned long long>(result->loads_hidden),
+                       static_cast<unsigned long long>(result->loads_waited),
+                       static_cast<unsigned long long>(result->prefetch_backed_off));
+        }
+      }
+      printer->Test(*result);
     }
-    printer->Test(*result);
+    if (rc != 0) break;
   }
   printer->Footer();
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");

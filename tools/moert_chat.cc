@@ -69,6 +69,9 @@ constexpr char kUsage[] =
     "                           probability reaches P (0 < P <= 1; default off)\n"
     "  --thermal-limit C        above C degrees Celsius, one expert fewer per token\n"
     "                           (default 0: no limit)\n"
+    "  --prefetch on|off        with a pool, read the experts the next layer's router\n"
+    "                           predicts while this layer computes (default off)\n"
+    "  --prefetch-depth N       predict N layers ahead (default 1)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -109,6 +112,8 @@ struct Args {
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
+  bool prefetch = false;
+  int64_t prefetch_depth = 1;
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -205,6 +210,16 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "--thermal-limit") {
       error = float_flag(&args->thermal_limit);
       if (error.empty() && !(args->thermal_limit > 0)) error = bad("degrees Celsius > 0");
+    } else if (arg == "--prefetch") {
+      if (!value(&v)) return need("on or off");
+      if (v == "on" || v == "off") {
+        args->prefetch = v == "on";
+      } else {
+        error = bad("on or off");
+      }
+    } else if (arg == "--prefetch-depth") {
+      error = int_flag(&args->prefetch_depth, 1);
+      if (error.empty() && args->prefetch_depth < 1) error = bad("a number of layers >= 1");
     } else {
       return "unknown argument '" + std::string(arg) + "' (see --help)";
     }
@@ -358,6 +373,8 @@ int main(int argc, char** argv) {
   options.router_alpha = args.router_alpha;
   options.dynamic_k = args.dynamic_k;
   options.thermal_limit_c = args.thermal_limit;
+  options.prefetch = args.prefetch;
+  options.prefetch_depth = static_cast<int>(std::min<int64_t>(args.prefetch_depth, INT32_MAX));
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());

@@ -48,6 +48,9 @@ constexpr char kUsage[] =
     "                          probability reaches P (0 < P <= 1; default off)\n"
     "  --thermal-limit C       above C degrees Celsius, one expert fewer per token\n"
     "                          (default 0: no limit)\n"
+    "  --prefetch on|off       with a pool, read the experts the next layer's router\n"
+    "                          predicts while this layer computes (default off)\n"
+    "  --prefetch-depth N      predict N layers ahead (default 1)\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -79,6 +82,8 @@ int main(int argc, char** argv) {
   moert::experts::IoMode io = moert::experts::IoMode::kDirect;
   moert::router::RouterOptions router;
   float thermal_limit = 0;
+  bool prefetch = false;
+  int prefetch_depth = 1;
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -157,6 +162,15 @@ int main(int argc, char** argv) {
       if (!number("a probability in (0, 1]", 0, true, 1, &router.dynamic_k_p)) return 1;
     } else if (arg == "--thermal-limit") {
       if (!number("degrees Celsius > 0", 0, true, 1e30f, &thermal_limit)) return 1;
+    } else if (arg == "--prefetch") {
+      const char* v = value("on or off");
+      if (v == nullptr) return 1;
+      if (std::string_view(v) != "on" && std::string_view(v) != "off") {
+        return Fail(std::string(arg) + " needs on or off, got '" + v + "'");
+      }
+      prefetch = std::string_view(v) == "on";
+    } else if (arg == "--prefetch-depth") {
+      if (!count("a number of layers", &prefetch_depth)) return 1;
     } else {
       return Fail("unknown argument '" + std::string(arg) + "' (see --help)");
     }
@@ -189,6 +203,8 @@ int main(int argc, char** argv) {
   load_options.kv_cache_positions = n_ctx;
   load_options.router = router;
   load_options.resource_monitor.thermal_limit_c = thermal_limit;
+  load_options.prefetch = prefetch;
+  load_options.prefetch_depth = prefetch_depth;
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
 
@@ -237,6 +253,15 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(pool.misses),
                  static_cast<unsigned long long>(pool.evictions),
                  static_cast<double>(pool.bytes_loaded) / (1 << 20));
+  }
+  if (memory.prefetch) {
+    const moert::pipeline::PrefetchStats& f = memory.prefetcher;
+    std::fprintf(stderr,
+                 "moert-perplexity: prefetch depth %d: precision %.2f%%, recall %.2f%%, %llu "
+                 "loads started, %llu backed off\n",
+                 memory.prefetch_depth, 100 * f.precision(), 100 * f.recall(),
+                 static_cast<unsigned long long>(f.issued),
+                 static_cast<unsigned long long>(f.backed_off));
   }
   if (const moert::router::Router* r = (*model)->router(); r != nullptr) {
     const moert::router::RouterStats& s = r->stats();

@@ -121,6 +121,13 @@ struct RuntimeOptions {
   // (never fewer than 1); 0: no limit. The temperature is the hottest CPU zone of
   // /sys/class/thermal, or what SetTemperature reported.
   float thermal_limit_c = 0;
+
+  // With an expert pool: while layer L's experts compute, the loader reads the experts
+  // the router of layer L + prefetch_depth predicts from layer L's input. Outputs do not
+  // change (with router_alpha > 0 residency feeds routing, so they may). Off by
+  // default: on the machines measured so far it did not pay (issue 7).
+  bool prefetch = false;
+  int prefetch_depth = 1;  // layers ahead, 1 .. the model's layers - 1
 };
 
 struct ModelInfo {
@@ -223,6 +230,9 @@ struct GenerationStats {
   double average_experts_per_token = 0;  // experts per token and MoE layer (k)
   double router_changed_fraction = 0;    // token-layers where residency or thermal
                                          // state changed the experts chosen
+  // Prefetch (with RuntimeOptions::prefetch), over this call's tokens.
+  double prefetch_precision = 0;  // predicted experts the router then chose / predicted
+  double prefetch_recall = 0;     // chosen experts that had been predicted / chosen
 };
 
 // Called once per generated token with the text that became final with it (empty

@@ -31,7 +31,8 @@ ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& op
     : directory_(std::move(directory)), options_(options), defrag_(options.defrag) {}
 
 ExpertCache::~ExpertCache() {
-  // The loader thread may not outlive the pool it writes into.
+  // The loader thread may not outlive the pool it writes into (it finishes the loads
+  // still queued, prefetches included, before it stops).
   loader_.reset();
 }
 
@@ -105,12 +106,40 @@ void ExpertCache::MarkResident(size_t index, uint64_t offset) {
 
 void ExpertCache::Evict(size_t index) {
   Entry& entry = entries_[index];
+  if (entry.prefetched) {
+    ++counters_.prefetch_unused;
+    entry.prefetched = false;
+  }
   pool_->FreeExpert(entry.offset);
   by_offset_.erase(entry.offset);
   entry.resident = false;
   const size_t n = static_cast<size_t>(directory_.n_expert());
   residency_[index / n][(index % n) / 64] &= ~(uint64_t{1} << ((index % n) % 64));
   ++counters_.evictions;
+}
+
+bool ExpertCache::InLazyWindow(const Entry& e, int steps) const {
+  const uint64_t window = static_cast<uint64_t>(std::max(0, steps));
+  return (e.used && step_ - e.last_use <= window) ||
+         (e.prefetched && step_ - e.prefetch_step <= window);
+}
+
+bool ExpertCache::EvictOneForPrefetch() {
+  size_t best = entries_.size();
+  std::tuple<double, uint64_t, size_t> best_key{};
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (!e.resident || e.pins > 0 || e.prefetched) continue;
+    if (InLazyWindow(e, options_.prefetch_protect_steps)) continue;
+    const std::tuple<double, uint64_t, size_t> key{Score(e), e.used ? e.last_use : 0, i};
+    if (best == entries_.size() || key < best_key) {
+      best = i;
+      best_key = key;
+    }
+  }
+  if (best == entries_.size()) return false;
+  Evict(best);
+  return true;
 }
 
 bool ExpertCache::EvictOne() {
@@ -121,8 +150,7 @@ bool ExpertCache::EvictOne() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     if (!e.resident || e.pins > 0) continue;
-    const bool lazy =
-        e.used && step_ - e.last_use <= static_cast<uint64_t>(std::max(0, options_.lazy_steps));
+    const bool lazy = InLazyWindow(e, options_.lazy_steps);
     const std::tuple<double, uint64_t, size_t> key{Score(e), e.used ? e.last_use : 0, i};
     if (best == entries_.size() || (best_lazy && !lazy) || (lazy == best_lazy && key < best_key)) {
       best = i;
@@ -152,6 +180,11 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info)
         [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
     if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
     if (EvictOne()) continue;
+    if (!in_flight_.empty()) {
+      // Prefetched blocks are pinned while they load: wait, then they may go.
+      Drain();
+      continue;
+    }
     const memory::BuddyStats s = pool_->expert_allocator().stats();
     return absl::ResourceExhaustedError(StrCat(
         "the expert pool budget of ", s.pool_bytes, " bytes cannot hold layer ", info.layer,
@@ -167,8 +200,30 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
   const size_t index = Index(layer, expert);
   const ExpertInfo& info = directory_.info(layer, expert);
   Entry& entry = entries_[index];
+  Poll();
+  if (entry.loading) {
+    // A prefetch that has not finished: wait for it rather than read twice.
+    const uint64_t start = NowNs();
+    Collect(index);
+    counters_.stall_ns += NowNs() - start;
+    if (entry.resident) {
+      ++counters_.misses;
+      ++counters_.loads_waited;
+      ++counters_.prefetch_late;
+      entry.prefetched = false;
+      Touch(entry);
+      ++entry.pins;
+      pool_->PinExpert(entry.offset);
+      return View(info, entry);
+    }
+    // The prefetch failed: a synchronous load below.
+  }
   if (entry.resident) {
     ++counters_.hits;
+    if (entry.prefetched) {
+      ++counters_.loads_hidden;
+      entry.prefetched = false;
+    }
     Touch(entry);
     ++entry.pins;
     pool_->PinExpert(entry.offset);
@@ -176,10 +231,11 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
   }
   MOERT_ASSIGN_OR_RETURN(const memory::Block block, AllocateBlock(info));
   ++counters_.misses;
+  ++counters_.loads_waited;
   pool_->PinExpert(block.offset);  // the defragmenter keeps off a block being loaded
   const uint64_t start = NowNs();
   const Loader::Ticket ticket =
-      loader_->Submit(info, pool_->ExpertData(block.offset), entry.checksum);
+      loader_->Submit(info, pool_->ExpertData(block.offset), entry.checksum, /*urgent=*/true);
   LoadResult result = loader_->Wait(ticket);
   counters_.stall_ns += NowNs() - start;
   ++counters_.loads;
@@ -203,6 +259,80 @@ void ExpertCache::Release(int layer, int expert) {
   if (!entry.resident || entry.pins == 0) return;
   --entry.pins;
   pool_->UnpinExpert(entry.offset);
+}
+
+ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
+  if (!CheckExpert(layer, expert).ok()) return PrefetchResult::kInvalid;
+  Poll();
+  const size_t index = Index(layer, expert);
+  Entry& entry = entries_[index];
+  if (entry.resident || entry.loading) return PrefetchResult::kPresent;
+  // A full queue would block the compute thread: back off instead.
+  if (loader_->queued() >= loader_->queue_capacity()) {
+    ++counters_.prefetch_backoffs;
+    return PrefetchResult::kBackedOff;
+  }
+  const ExpertInfo& info = directory_.info(layer, expert);
+  absl::StatusOr<memory::Block> block;
+  while (true) {
+    block = pool_->AllocateExpert(info.runtime_bytes);
+    if (block.ok()) break;
+    if (!absl::IsResourceExhausted(block.status()) || !EvictOneForPrefetch()) {
+      ++counters_.prefetch_backoffs;
+      return PrefetchResult::kBackedOff;
+    }
+  }
+  pool_->PinExpert(block->offset);
+  entry.loading = true;
+  entry.offset = block->offset;
+  entry.ticket = loader_->Submit(info, pool_->ExpertData(block->offset), entry.checksum);
+  in_flight_.push_back(index);
+  ++counters_.prefetches;
+  return PrefetchResult::kStarted;
+}
+
+bool ExpertCache::IsLoading(int layer, int expert) const {
+  return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].loading;
+}
+
+void ExpertCache::Collect(size_t index) {
+  Entry& entry = entries_[index];
+  LoadResult result = loader_->Wait(entry.ticket);
+  entry.ticket.reset();
+  entry.loading = false;
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), index));
+  ++counters_.loads;
+  counters_.bytes_loaded += result.bytes_read;
+  pool_->UnpinExpert(entry.offset);
+  if (!result.status.ok()) {
+    ++counters_.failed_loads;
+    ++counters_.prefetch_failed;
+    pool_->FreeExpert(entry.offset);
+    return;
+  }
+  if (!entry.checksum) entry.checksum = result.checksum;
+  MarkResident(index, entry.offset);
+  entry.prefetched = true;
+  entry.prefetch_step = step_;
+}
+
+void ExpertCache::Poll() {
+  for (size_t i = 0; i < in_flight_.size();) {
+    const size_t index = in_flight_[i];
+    if (loader_->Done(entries_[index].ticket)) {
+      Collect(index);  // erases in_flight_[i]
+    } else {
+      ++i;
+    }
+  }
+}
+
+void ExpertCache::Drain() {
+  while (!in_flight_.empty()) Collect(in_flight_.front());
+}
+
+uint64_t ExpertCache::capacity_experts() const {
+  return pool_->expert_allocator().stats().pool_bytes / block_bytes_;
 }
 
 bool ExpertCache::IsResident(int layer, int expert) const {
@@ -231,7 +361,8 @@ absl::Status ExpertCache::Preload(std::span<const HotExpert> experts, size_t* lo
   if (loaded != nullptr) *loaded = 0;
   std::vector<const HotExpert*> wanted;
   for (const HotExpert& e : experts) {
-    if (CheckExpert(e.layer, e.expert).ok() && !entries_[Index(e.layer, e.expert)].resident) {
+    if (CheckExpert(e.layer, e.expert).ok() && !entries_[Index(e.layer, e.expert)].resident &&
+        !entries_[Index(e.layer, e.expert)].loading) {
       wanted.push_back(&e);
     }
   }
@@ -309,6 +440,7 @@ ExpertCacheStats ExpertCache::stats() const {
   s.committed_bytes = t.committed;
   s.peak_committed_bytes = t.peak_committed;
   s.resident_experts = by_offset_.size();
+  s.loads_in_flight = in_flight_.size();
   for (const Entry& e : entries_) s.pinned_experts += e.resident && e.pins > 0 ? 1 : 0;
   return s;
 }

@@ -21,6 +21,19 @@
 // the fragmentation threshold, moving only unpinned blocks); when nothing can be
 // evicted and defragmentation cannot help: ResourceExhausted naming the budget.
 //
+// Prefetch (pipeline/prefetcher.h): Prefetch(layer, expert) starts an asynchronous
+// load of an expert predicted to be needed soon. It takes a free block, or evicts an
+// expert that is not pinned, not loading, not a prefetched expert still waiting for its
+// use, and not used in the last `prefetch_protect_steps` steps; when none can go it
+// backs off (counted) instead. The block is pinned while it loads (eviction and
+// defragmentation keep off it). Completions are collected on the owner thread (every
+// Prefetch, Acquire and BeginStep); a prefetched expert is resident and unpinned from
+// then on, held by the lazy rule for its step like a used one. Acquire of an expert
+// still loading waits for it (a load waited for; the wait is stall time); of one that
+// finished in time, a hit and a load hidden. A failed prefetch leaves the expert not
+// resident: Acquire then loads it synchronously and reports only that load's error.
+// Acquire's own loads go to the front of the loader's queue.
+//
 // Checksums: known from the file's metadata, else computed on the first load of an
 // expert and verified on every later load of it. A failed load leaves the expert not
 // resident and the cache usable.
@@ -53,6 +66,8 @@ struct ExpertCacheOptions {
   uint64_t pool_bytes = 0;  // the expert budget (rounded down to min_block_bytes)
   uint64_t min_block_bytes = uint64_t{64} << 10;
   int lazy_steps = 2;
+  // Prefetch never evicts an expert used in the last this many steps (the lazy window).
+  int prefetch_protect_steps = 2;
   double frequency_half_life_steps = 8;
   LoaderOptions loader;
   memory::DefragmenterOptions defrag;
@@ -68,6 +83,15 @@ struct ExpertCacheStats {
   uint64_t preloads = 0;        // experts loaded by Preload
   uint64_t bytes_loaded = 0;    // bytes read from the file (alignment padding included)
   uint64_t stall_ns = 0;        // time Acquire waited for loads
+  // Prefetch (asynchronous loads of predicted experts).
+  uint64_t prefetches = 0;         // loads Prefetch started
+  uint64_t prefetch_backoffs = 0;  // Prefetch calls that found no block it may take
+  uint64_t loads_hidden = 0;       // prefetched experts that were resident when acquired
+  uint64_t loads_waited = 0;       // loads Acquire waited for (synchronous + late prefetches)
+  uint64_t prefetch_late = 0;      // of those, prefetches still loading at Acquire
+  uint64_t prefetch_unused = 0;    // prefetched experts evicted before any use
+  uint64_t prefetch_failed = 0;    // prefetches whose load failed
+  uint64_t loads_in_flight = 0;    // now
   uint64_t defrag_runs = 0;
   uint64_t defrag_bytes_moved = 0;
   // The pool now.
@@ -106,7 +130,10 @@ class ExpertCache {
 
   // The step clock of the lazy rule and the recency scores: one step per forward pass
   // (a decode step, or one micro-batch of a prefill).
-  void BeginStep() { ++step_; }
+  void BeginStep() {
+    ++step_;
+    Poll();
+  }
   uint64_t step() const { return step_; }
 
   // Makes (layer, expert) resident and pins it; the weights stay valid until Release.
@@ -125,6 +152,18 @@ class ExpertCache {
 
   // Evicts every unpinned expert (tests; giving memory back when idle).
   void EvictAll();
+
+  // Starts loading (layer, expert) in the background (see the class comment).
+  enum class PrefetchResult { kStarted, kPresent, kBackedOff, kInvalid };
+  PrefetchResult Prefetch(int layer, int expert);
+  // Whether (layer, expert) is being loaded by a prefetch.
+  bool IsLoading(int layer, int expert) const;
+  // Collects finished prefetches (never blocks).
+  void Poll();
+  // Waits for every prefetch in flight and collects it.
+  void Drain();
+  // Experts of the largest size the pool holds at once.
+  uint64_t capacity_experts() const;
 
   // Loads the given experts in order while they fit without evicting anything (first
   // asking the kernel to read them ahead in buffered and mmap modes). Experts already
@@ -149,6 +188,10 @@ class ExpertCache {
     double crf = 0;  // LRFU score as of last_use
     uint64_t uses = 0;
     std::optional<uint64_t> checksum;
+    bool loading = false;     // a prefetch is reading it into the block at `offset`
+    bool prefetched = false;  // resident by a prefetch and not acquired since
+    uint64_t prefetch_step = 0;
+    Loader::Ticket ticket;
   };
 
   ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options);
@@ -164,6 +207,12 @@ class ExpertCache {
   // A block for `info`, evicting and defragmenting as the class comment says.
   absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info);
   bool EvictOne();
+  // Evicts one expert Prefetch may take (see the class comment); false: none.
+  bool EvictOneForPrefetch();
+  // Whether the lazy rule holds `entry` (used, or prefetched, in the window).
+  bool InLazyWindow(const Entry& entry, int steps) const;
+  // Finishes the prefetch of entry `index` (waits when it has not finished).
+  void Collect(size_t index);
   void Evict(size_t index);
   void MarkResident(size_t index, uint64_t offset);
   void OnMove(uint64_t from, uint64_t to);
@@ -178,6 +227,7 @@ class ExpertCache {
   absl::flat_hash_map<uint64_t, size_t> by_offset_;  // resident block offset -> entry
   uint64_t step_ = 0;
   uint64_t block_bytes_ = 0;
+  std::vector<size_t> in_flight_;  // entries a prefetch is loading
   ExpertCacheStats counters_;  // the counting fields only
 };
 

@@ -176,17 +176,36 @@ std::optional<LoaderFault> Loader::TakeFault(int layer, int expert) {
 }
 
 Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
-                              std::optional<uint64_t> expected_checksum) {
+                              std::optional<uint64_t> expected_checksum, bool urgent) {
   auto job = std::make_shared<Job>();
   job->info = &info;
   job->dst = dst;
   job->expected = expected_checksum;
   std::unique_lock<std::mutex> lock(mu_);
-  space_cv_.wait(lock, [&] { return queue_.size() < queue_capacity_; });
-  queue_.push_back(job);
+  if (urgent) {
+    queue_.push_front(job);
+  } else {
+    space_cv_.wait(lock, [&] { return queue_.size() < queue_capacity_; });
+    queue_.push_back(job);
+  }
   lock.unlock();
   queue_cv_.notify_one();
   return job;
+}
+
+bool Loader::Done(const Ticket& ticket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ticket->done;
+}
+
+size_t Loader::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+void Loader::set_delay_for_testing(uint64_t delay_us) {
+  std::lock_guard<std::mutex> lock(mu_);
+  delay_us_ = delay_us;
 }
 
 LoadResult Loader::Wait(const Ticket& ticket) {
@@ -218,7 +237,9 @@ void Loader::ThreadMain() {
     Ticket job = queue_.front();
     queue_.pop_front();
     space_cv_.notify_one();
+    const uint64_t delay_us = delay_us_;
     lock.unlock();
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
     LoadResult result = Run(*job);
     const uint64_t busy = NowNs() - start;

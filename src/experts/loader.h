@@ -16,8 +16,10 @@
 // DataLoss with the errno text. The destination block is then not to be used; the
 // loader itself stays usable.
 //
-// Threads: Submit and Wait are called from one owner thread (the expert cache's).
+// Threads: Submit, Done and Wait are called from one owner thread (the expert cache's).
 // The destination bytes belong to the loader thread from Submit until Wait returns.
+// Loads run in queue order, except that an urgent load (one the compute thread waits
+// for) goes to the front, past queued prefetches.
 #ifndef MOERT_EXPERTS_LOADER_H_
 #define MOERT_EXPERTS_LOADER_H_
 
@@ -88,10 +90,18 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   // Queues the load of `info` into `dst` (info.runtime_bytes writable bytes),
-  // verified against `expected_checksum` when given. Blocks while the queue is full.
-  Ticket Submit(const ExpertInfo& info, uint8_t* dst, std::optional<uint64_t> expected_checksum);
+  // verified against `expected_checksum` when given. Blocks while the queue is full,
+  // unless `urgent`: an urgent load goes to the front of the queue at once (the queue
+  // then holds at most one more than its capacity: the owner waits for it).
+  Ticket Submit(const ExpertInfo& info, uint8_t* dst, std::optional<uint64_t> expected_checksum,
+                bool urgent = false);
+  // Whether a submitted load has finished (never blocks).
+  bool Done(const Ticket& ticket) const;
   // Waits for a submitted load and returns its result (once per ticket).
   LoadResult Wait(const Ticket& ticket);
+  // Loads queued and not yet started.
+  size_t queued() const;
+  size_t queue_capacity() const { return queue_capacity_; }
 
   // Asks the kernel to start reading the expert's bytes (buffered and mmap modes;
   // nothing in direct mode, which bypasses the page cache).
@@ -105,6 +115,8 @@ class Loader {
 
   // Test hook: the next `times` loads of (layer, expert) meet `fault`.
   void InjectFault(int layer, int expert, LoaderFault fault, int times = 1);
+  // Test hook: every load sleeps this long first (a slow flash device); 0: none.
+  void set_delay_for_testing(uint64_t delay_us);
 
  private:
   Loader(const ExpertDirectory& directory, const LoaderOptions& options);
@@ -139,6 +151,7 @@ class Loader {
   bool stop_ = false;
   std::map<std::pair<int, int>, std::pair<LoaderFault, int>> faults_;
   LoaderStats stats_;
+  uint64_t delay_us_ = 0;
   std::thread thread_;
 };
 

@@ -133,6 +133,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     }
   }
   MOERT_RETURN_IF_ERROR(SetUpRouter(file, options));
+  MOERT_RETURN_IF_ERROR(SetPrefetch(options.prefetch, options.prefetch_depth));
   if (options.progress) options.progress(1.0f);
   return absl::OkStatus();
 }
@@ -163,6 +164,35 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   }
   MOERT_RETURN_IF_ERROR(router_->SetModalityBias(std::move(bias)));
   for (LayerWeights& layer : layers_) layer.moe.adaptive_router = router_.get();
+  return absl::OkStatus();
+}
+
+absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
+  const int n_layer = static_cast<int>(spec_.n_layer);
+  if (enabled && (depth < 1 || depth >= std::max(2, n_layer))) {
+    return absl::InvalidArgumentError(StrCat("prefetch depth must be in [1, ",
+                                             std::max(1, n_layer - 1),
+                                             "] (layers ahead), got ", depth));
+  }
+  if (expert_cache_ != nullptr) expert_cache_->Drain();
+  for (LayerWeights& layer : layers_) {
+    layer.moe.prefetcher = nullptr;
+    layer.moe.prefetch_router = nullptr;
+    layer.moe.prefetch_layer = -1;
+  }
+  prefetcher_.reset();
+  if (!enabled || expert_cache_ == nullptr) return absl::OkStatus();
+  prefetcher_ = std::make_unique<pipeline::Prefetcher>(
+      expert_cache_.get(), n_layer, static_cast<int>(spec_.n_expert),
+      static_cast<int>(spec_.n_expert_used), depth);
+  for (int il = 0; il < n_layer; ++il) {
+    MoeWeights& moe = layers_[static_cast<size_t>(il)].moe;
+    moe.prefetcher = prefetcher_.get();
+    if (il + depth < n_layer) {
+      moe.prefetch_router = &layers_[static_cast<size_t>(il + depth)].moe.router;
+      moe.prefetch_layer = il + depth;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -276,6 +306,11 @@ MemoryStats DecoderModel::memory_stats() const {
     stats.io_mode = std::string(experts::IoModeName(expert_cache_->loader().mode()));
     stats.io_fallback = expert_cache_->loader().fallback_reason();
   }
+  if (prefetcher_ != nullptr) {
+    stats.prefetch = true;
+    stats.prefetch_depth = prefetcher_->depth();
+    stats.prefetcher = prefetcher_->stats();
+  }
   return stats;
 }
 
@@ -379,6 +414,7 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
                                         float* logits) {
   if (expert_cache_ != nullptr) expert_cache_->BeginStep();
   if (router_ != nullptr) router_->BeginStep();
+  if (prefetcher_ != nullptr) prefetcher_->BeginStep();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_embd = spec_.n_embd;
   std::vector<float> x(static_cast<size_t>(n * n_embd));

@@ -22,6 +22,7 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "pipeline/prefetcher.h"
 
 namespace moert::model {
 
@@ -95,6 +96,7 @@ class DecoderModel : public Model {
   MemoryStats memory_stats() const override;
   absl::Status SaveHotSet() override;
   router::Router* router() override { return router_.get(); }
+  absl::Status SetPrefetch(bool enabled, int depth) override;
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
@@ -137,6 +139,9 @@ class DecoderModel : public Model {
   std::unique_ptr<router::ResourceMonitor> monitor_;
   std::unique_ptr<router::Router> router_;
   std::function<void(int, int64_t, int, const int*, const float*)> route_observer_;
+  // With an expert pool and ModelLoadOptions::prefetch (null otherwise).
+  std::unique_ptr<pipeline::Prefetcher> prefetcher_;
+
   // Sets up router_ (LoadWeights, after the layers and the pool).
   absl::Status SetUpRouter(const format::GgufFile& file, const ModelLoadOptions& options);
 };

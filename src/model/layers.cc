@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "core/status.h"
 #include "experts/expert_cache.h"
+#include "pipeline/prefetcher.h"
 #include "router/router.h"
 
 namespace moert::model {
@@ -360,6 +361,10 @@ namespace {
 // The routed experts of a batch from the expert pool (see MoeFfn in layers.h).
 absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend::A8Matrix& xq,
                            const int* chosen, const float* weights, int64_t n_embd, float* out) {
+  // Starts the prefetch of the next slot once, before the last compute of this layer.
+  const auto prefetch = [&] {
+    if (w.prefetcher != nullptr) w.prefetcher->Issue(w.prefetch_layer);
+  };
   experts::ExpertCache& cache = *w.cache;
   const int k = w.n_used;
   const int64_t pairs = xq.n() * k;
@@ -371,8 +376,13 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
   }
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  // Then those a prefetch is loading, then the misses.
   std::stable_partition(distinct.begin(), distinct.end(),
                         [&](int e) { return cache.IsResident(w.layer, e); });
+  std::stable_partition(
+      std::find_if(distinct.begin(), distinct.end(),
+                   [&](int e) { return !cache.IsResident(w.layer, e); }),
+      distinct.end(), [&](int e) { return cache.IsLoading(w.layer, e); });
 
   std::vector<backend::FfnView> views(static_cast<size_t>(w.n_expert));
   const auto view = [&](int e) { return views[static_cast<size_t>(e)]; };
@@ -425,6 +435,7 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
     views[static_cast<size_t>(e)] = *acquired;
     subset.push_back(e);
   }
+  prefetch();
   if (pair_out.empty()) {
     // Everything fitted: the fused op over the whole batch, as for resident experts.
     backend::FusedFfn(pool, pool.kernels(), xq, k, chosen, weights, view, n_embd, out);
@@ -475,6 +486,15 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
   }
   if (w.route_observer != nullptr && *w.route_observer) {
     (*w.route_observer)(w.layer, n, k, chosen.data(), weights.data());
+  }
+  if (w.prefetcher != nullptr) {
+    w.prefetcher->OnRouted(w.layer, n, k, chosen.data());
+    if (w.prefetch_router != nullptr) {
+      // Speculative routing: the later layer's router on this layer's input.
+      std::vector<float> predicted(static_cast<size_t>(n * w.prefetch_router->rows));
+      MatMul(pool, *w.prefetch_router, x, n, predicted.data());
+      w.prefetcher->Predict(w.prefetch_layer, predicted.data(), n);
+    }
   }
 
   if (w.cache != nullptr || backend::CanFuse(PackedFfn(w.Gate(0), w.Up(0), w.Down(0)))) {

@@ -28,6 +28,9 @@ class ExpertCache;
 namespace moert::router {
 class Router;
 }  // namespace moert::router
+namespace moert::pipeline {
+class Prefetcher;
+}  // namespace moert::pipeline
 
 namespace moert::model {
 
@@ -167,6 +170,13 @@ struct MoeWeights {
   int layer = 0;
   // The hardware-aware router (router/router.h); null: RouteToken, the reference.
   router::Router* adaptive_router = nullptr;
+  // Prefetch of predicted experts (pipeline/prefetcher.h; with `cache`): this layer's
+  // routing is scored against the prediction made for it, and layer `prefetch_layer`'s
+  // experts are predicted from this layer's input with `prefetch_router` (that layer's
+  // router) and their loads started once this layer's experts are pinned. Null: none.
+  pipeline::Prefetcher* prefetcher = nullptr;
+  const Matrix* prefetch_router = nullptr;
+  int prefetch_layer = -1;
   // Called with every batch's routing: n tokens of `slots` experts and weights each
   // (expert -1: an empty slot). Tests; null or empty: none.
   const std::function<void(int layer, int64_t n, int slots, const int* experts,
@@ -191,7 +201,9 @@ void RouteToken(const float* router_logits, int n_expert, int n_used, bool renor
 // all fit in the pool at once, they run in subsets that do, each (token, slot) pair's
 // expert output is kept, and the per-token sums are then made in slot order: the same
 // arithmetic as backend::FusedFfn, so the output is bit-identical to fully resident
-// experts. A failed load returns its Status (nothing stays pinned).
+// experts. A failed load returns its Status (nothing stays pinned). With a prefetcher,
+// the loads of the predicted experts of a later layer start after this layer's experts
+// are acquired and before they compute (the output does not depend on it).
 absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
                     float* out);
 

@@ -20,6 +20,7 @@
 #include "format/gguf.h"
 #include "format/model_spec.h"
 #include "kernels/config.h"
+#include "pipeline/prefetcher.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
 
@@ -89,6 +90,13 @@ struct ModelLoadOptions {
   // The expert cache's tuning (tests); pool_bytes and the loader's mode are set from
   // the fields above.
   experts::ExpertCacheOptions expert_cache;
+  // Prefetch of predicted experts (pipeline/prefetcher.h), with an expert pool: while
+  // layer L's experts compute, the loader reads the experts layer L + prefetch_depth's
+  // router predicts from layer L's input. Outputs do not change (with the residency
+  // penalty on, residency feeds routing, so they may). prefetch_depth: 1 .. n_layer - 1,
+  // else InvalidArgument.
+  bool prefetch = false;
+  int prefetch_depth = 1;
 
   // --- Routing (MoE models; router/router.h). The defaults change nothing while the
   // working set fits the pool: outputs are then those of the reference routing.
@@ -120,6 +128,9 @@ struct MemoryStats {
   std::string io_fallback;        // why it is not the one asked for; empty when it is
   uint64_t hot_set_preloaded = 0; // experts the hot set loaded at start
   experts::ExpertCacheStats pool; // the pool now and its counters
+  bool prefetch = false;          // prefetch of predicted experts is on
+  int prefetch_depth = 0;
+  pipeline::PrefetchStats prefetcher;  // prediction precision / recall, loads started
 };
 
 enum class LogitsFor {
@@ -163,6 +174,14 @@ class Model {
   // from any thread.
   virtual router::Router* router() { return nullptr; }
   virtual router::ResourceMonitor* resource_monitor() { return nullptr; }
+  // Turns prefetch of predicted experts on (depth: layers ahead) or off between Forward
+  // calls (ModelLoadOptions::prefetch); its counters start again. Loads in flight are
+  // finished first. InvalidArgument for a depth out of range; a no-op without a pool.
+  virtual absl::Status SetPrefetch(bool enabled, int depth) {
+    (void)enabled;
+    (void)depth;
+    return absl::OkStatus();
+  }
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }

@@ -398,6 +398,13 @@ moert_status moert_runtime_set_thermal_limit(moert_runtime* runtime, float celsi
                    [&](moert::RuntimeOptions& o) { o.thermal_limit_c = celsius; });
 }
 
+moert_status moert_runtime_set_prefetch(moert_runtime* runtime, int enabled, int depth) {
+  return SetOption(runtime, "moert_runtime_set_prefetch", [&](moert::RuntimeOptions& o) {
+    o.prefetch = enabled != 0;
+    o.prefetch_depth = depth;
+  });
+}
+
 moert_status moert_runtime_set_temperature(moert_runtime* runtime, float celsius) {
   constexpr char kName[] = "moert_runtime_set_temperature";
   if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");

@@ -123,6 +123,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.router.alpha = options.router_alpha;
   load_options.router.dynamic_k_p = options.dynamic_k;
   load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
+  load_options.prefetch = options.prefetch;
+  load_options.prefetch_depth = options.prefetch_depth;
   // The budget sets the KV cache aside for the context sessions will get.
   if (auto spec = format::ReadModelSpec(gguf); spec.ok()) {
     load_options.kv_cache_positions =
@@ -219,6 +221,10 @@ Status CheckOptions(RuntimeOptions* options) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("thermal_limit_c must be >= 0 degrees C (0: none), got ",
                          options->thermal_limit_c));
+  }
+  if (options->prefetch_depth < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("prefetch_depth must be >= 1 (layers ahead), got ", options->prefetch_depth));
   }
   if (options->threads == 0) {
     options->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -375,6 +375,16 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
     const uint64_t hits = p.hits - p0.hits;
     const uint64_t needed = hits + p.misses - p0.misses;
     stats_.expert_hit_rate = needed > 0 ? static_cast<double>(hits) / static_cast<double>(needed) : 0;
+    const pipeline::PrefetchStats& f = after.prefetcher;
+    const pipeline::PrefetchStats& f0 = before.prefetcher;
+    if (after.prefetch && f.predicted > f0.predicted) {
+      stats_.prefetch_precision =
+          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.predicted - f0.predicted);
+    }
+    if (after.prefetch && f.used > f0.used) {
+      stats_.prefetch_recall =
+          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.used - f0.used);
+    }
     if (evaluated_tokens_ > 0) {
       const double tokens = static_cast<double>(evaluated_tokens_);
       stats_.expert_bytes_read_per_token =

@@ -297,6 +297,10 @@ int main(int argc, char** argv) {
     CHECK_STATUS(moert_runtime_set_dynamic_k(runtime, 1.5f), MOERT_INVALID_ARGUMENT);
     CHECK_STATUS(moert_runtime_set_thermal_limit(runtime, -3.0f), MOERT_INVALID_ARGUMENT);
     CHECK_STATUS(moert_runtime_set_temperature(NULL, 40.0f), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_prefetch(runtime, 1, 0), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(runtime), "prefetch_depth") != NULL);
+    CHECK_STATUS(moert_runtime_set_prefetch(runtime, 1, 1), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_prefetch(runtime, 0, 1), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_temperature(runtime, 40.0f), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_thermal_limit(runtime, 0.0f), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_dynamic_k(runtime, 0.0f), MOERT_OK);

@@ -137,6 +137,30 @@ TEST(MemoryBudgetTest, RoutingOptionsAndTheirStats) {
   EXPECT_EQ(pressed->Stats().average_experts_per_token, 2.0);
 }
 
+TEST(MemoryBudgetTest, PrefetchGivesTheSameTokensAndReportsPrecision) {
+  RuntimeOptions options = Options();
+  options.prefetch_depth = 0;
+  std::unique_ptr<MoERuntime> runtime;
+  EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
+
+  options = Options();
+  options.expert_pool_fraction = 0.5;
+  options.router_alpha = 0;
+  auto plain = Loaded(options, kQ4Model);
+  ASSERT_NE(plain, nullptr);
+  const std::vector<int32_t> want = GreedyTokens(*plain, 16);
+  EXPECT_EQ(plain->Stats().prefetch_precision, 0.0);
+  options.prefetch = true;
+  auto prefetched = Loaded(options, kQ4Model);
+  ASSERT_NE(prefetched, nullptr);
+  EXPECT_EQ(GreedyTokens(*prefetched, 16), want);
+  const GenerationStats s = prefetched->Stats();
+  EXPECT_GT(s.prefetch_precision, 0.0);
+  EXPECT_LE(s.prefetch_precision, 1.0);
+  EXPECT_GT(s.prefetch_recall, 0.0);
+  EXPECT_LE(s.prefetch_recall, 1.0);
+}
+
 TEST(MemoryBudgetTest, BadOptionsAndTooSmallBudgets) {
   std::unique_ptr<MoERuntime> runtime;
   RuntimeOptions options = Options();

@@ -100,7 +100,8 @@ set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg
     avg_ts stddev_ts peak_rss_bytes budget_bytes expert_pool_bytes expert_pool_used_bytes
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate
     expert_bytes_read_per_token expert_stall_ms_per_token router_alpha dynamic_k average_k
-    router_changed)
+    router_changed prefetch_depth prefetch_precision prefetch_recall loads_hidden
+    loads_waited)
 set(i 0)
 foreach(test IN LISTS TESTS)
   string(REPLACE "," ";" test "${test}")
@@ -113,6 +114,7 @@ foreach(test IN LISTS TESTS)
   foreach(field IN LISTS number_fields)
     expect_type(NUMBER ${i} ${field})
   endforeach()
+  expect_type(BOOLEAN ${i} prefetch)
   expect_type(ARRAY ${i} samples_ns)
   expect_type(ARRAY ${i} samples_ts)
 

@@ -1,0 +1,83 @@
+// Prefetch of predicted experts (the ping-pong pipeline): while layer L's experts
+// compute, the loader reads the experts layer L + depth will need, as predicted by
+// applying that layer's router to layer L's feed-forward input (speculative routing).
+//
+// The model computes the predicted layer's gate logits from layer L's input and hands
+// them to Predict; the top-k experts of every token (their union for a batch: prefill
+// streams experts layer by layer) are the prediction, most probable first (summed
+// routing probability over the batch). Issue starts the loads of the predicted experts
+// that are not resident (ExpertCache::Prefetch, which never evicts what is pinned or in
+// use) once layer L's experts are pinned. When the layer reaches its routing, OnRouted
+// scores the prediction against the experts really chosen: precision (predicted and
+// used / predicted) and recall (predicted and used / used).
+//
+// Two slots: a layer's experts are computing while the next one's are filling, so the
+// pool must hold twice a token's k experts; below that, prefetch backs off entirely
+// (counted) rather than evict what the current layer is about to use. A batch's union
+// is capped at the pool's share of one slot (capacity / (depth + 1)).
+//
+// A wrong prediction costs a synchronous load at the layer (and a wasted read), never a
+// different output: the experts computed are the ones the router chose.
+//
+// Not thread-safe: the model's forward pass (the expert cache's owner) calls it.
+#ifndef MOERT_PIPELINE_PREFETCHER_H_
+#define MOERT_PIPELINE_PREFETCHER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "experts/expert_cache.h"
+
+namespace moert::pipeline {
+
+struct PrefetchStats {
+  uint64_t predictions = 0;  // (layer, step) predictions scored
+  uint64_t predicted = 0;    // experts predicted, over scored predictions
+  uint64_t correct = 0;      // of those, chosen by the router at the layer
+  uint64_t used = 0;         // experts the router chose at scored layers
+  uint64_t issued = 0;       // prefetch loads started
+  uint64_t backed_off = 0;   // layers whose prefetch stopped: pool too small for two
+                             // slots, or no block the cache would give
+
+  double precision() const {
+    return predicted == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(predicted);
+  }
+  double recall() const {
+    return used == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(used);
+  }
+};
+
+class Prefetcher {
+ public:
+  // `cache` must outlive the prefetcher; depth >= 1 (layers ahead).
+  Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, int n_used, int depth);
+
+  int depth() const { return depth_; }
+
+  // A new forward pass: predictions of the last one are dropped unscored.
+  void BeginStep();
+  // Scores the prediction made for `layer` in this pass (if any) against the experts
+  // its router chose: n tokens of `slots` experts (-1: an empty slot).
+  void OnRouted(int layer, int64_t n, int slots, const int* experts);
+  // Records the prediction for `layer` from its gate logits [n][n_expert].
+  void Predict(int layer, const float* logits, int64_t n);
+  // Starts loading the predicted experts of `layer` that are not resident.
+  void Issue(int layer);
+
+  const PrefetchStats& stats() const { return stats_; }
+
+ private:
+  experts::ExpertCache* cache_;
+  int n_layer_;
+  int n_expert_;
+  int n_used_;
+  int depth_;
+  std::vector<std::vector<int>> predicted_;  // per layer, most probable first
+  std::vector<bool> has_prediction_;
+  std::vector<float> score_;  // scratch, n_expert
+  PrefetchStats stats_;
+};
+
+}  // namespace moert::pipeline
+
+#endif  // MOERT_PIPELINE_PREFETCHER_H_

@@ -1,0 +1,4 @@
+# Sources of src/pipeline (paths relative to src/).
+list(APPEND MOERT_SOURCES
+  pipeline/prefetcher.cc
+)

@@ -1,0 +1,380 @@
+// Prefetch of predicted experts (pipeline/prefetcher.h) on the oracle models with an
+// expert pool and the residency penalty off: greedy tokens and logits are bit for bit
+// those of prefetch off (prefill and decode, pools of 25% and of k experts, where
+// prefetch must back off); with a slow loader, prefetched loads are used (counters, not
+// time); loader faults, a failed call and destroying the model with loads in flight
+// neither hang (a watchdog aborts after a bound) nor leave experts pinned.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "experts/expert_cache.h"
+#include "experts/loader.h"
+#include "format/gguf.h"
+#include "model/decoder.h"
+#include "model/model.h"
+
+namespace moert::model {
+namespace {
+
+const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
+constexpr int kPromptTokens = 48;
+constexpr int kDecodeSteps = 12;
+
+// Aborts the process when a test runs past its bound (a deadlock is a failure, not a
+// hang of the suite).
+class Watchdog {
+ public:
+  explicit Watchdog(int seconds)
+      : thread_([this, seconds] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return done_; })) {
+            std::fprintf(stderr, "watchdog: test still running after %d s\n", seconds);
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+const format::GgufFile& File(const std::string& name) {
+  static auto* files = new std::map<std::string, std::unique_ptr<format::GgufFile>>();
+  auto it = files->find(name);
+  if (it == files->end()) {
+    auto file = format::GgufFile::Open(kModels + name);
+    EXPECT_TRUE(file.ok()) << file.status();
+    it = files->emplace(name, std::move(*file)).first;
+  }
+  return *it->second;
+}
+
+ModelLoadOptions Options(bool prefetch, double fraction) {
+  ModelLoadOptions options;
+  options.threads = 2;
+  options.kv_cache_positions = 64;
+  options.router.alpha = 0;  // residency must not feed routing here
+  options.prefetch = prefetch;
+  options.prefetch_depth = 1;
+  if (fraction > 0) options.expert_pool_fraction = fraction;
+  return options;
+}
+
+// The smallest pool: the k = 2 experts one token needs (too small for two slots).
+uint64_t KExpertsPool(const std::string& name) {
+  const experts::ExpertDirectory dir = *experts::ExpertDirectory::Build(File(name), 4, 8, 256, 512);
+  return 2 * experts::ExpertCache::BlockBytes(dir.max_runtime_bytes(), 64 << 10);
+}
+
+std::unique_ptr<Model> Load(const std::string& name, const ModelLoadOptions& options) {
+  auto model = Model::Load(File(name), options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+std::vector<int32_t> Prompt() {
+  std::vector<int32_t> ids = {1, 650, 996, 2007, 13, 2026, 1985, 565, 341, 586, 1749};
+  uint32_t state = 12345;
+  while (ids.size() < kPromptTokens) {
+    state = state * 1103515245u + 12345u;
+    ids.push_back(static_cast<int32_t>((state >> 8) % 2048));
+  }
+  return ids;
+}
+
+int32_t Argmax(const float* logits, size_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
+struct Generation {
+  std::vector<float> prefill;
+  std::vector<int32_t> tokens;
+  std::vector<float> decode;
+};
+
+Generation Generate(Model& model) {
+  Generation g;
+  auto cache = model.NewKvCache(64);
+  EXPECT_TRUE(cache.ok());
+  const std::vector<int32_t> prompt = Prompt();
+  absl::Status s = model.Forward(prompt, cache->get(), LogitsFor::kAll, &g.prefill);
+  EXPECT_TRUE(s.ok()) << s;
+  const size_t vocab = model.spec().n_vocab;
+  if (g.prefill.size() != prompt.size() * vocab) return g;
+  int32_t next = Argmax(g.prefill.data() + (prompt.size() - 1) * vocab, vocab);
+  std::vector<float> logits;
+  for (int i = 0; i < kDecodeSteps; ++i) {
+    g.tokens.push_back(next);
+    s = model.Forward({&next, 1}, cache->get(), LogitsFor::kLast, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return g;
+    g.decode.insert(g.decode.end(), logits.begin(), logits.end());
+    next = Argmax(logits.data(), vocab);
+  }
+  return g;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct PrefetchCase {
+  std::string model;
+  double fraction;  // 0: the k-experts pool
+  int protect_steps;  // ExpertCacheOptions::prefetch_protect_steps
+};
+
+class PrefetchTest : public ::testing::TestWithParam<PrefetchCase> {};
+
+TEST_P(PrefetchTest, OutputsMatchPrefetchOff) {
+  Watchdog watchdog(300);
+  const PrefetchCase& c = GetParam();
+  ModelLoadOptions off = Options(false, c.fraction);
+  ModelLoadOptions on = Options(true, c.fraction);
+  if (c.fraction == 0) off.expert_pool_bytes = on.expert_pool_bytes = KExpertsPool(c.model);
+  on.expert_cache.prefetch_protect_steps = c.protect_steps;
+  std::unique_ptr<Model> model_off = Load(c.model, off);
+  std::unique_ptr<Model> model_on = Load(c.model, on);
+  ASSERT_NE(model_off, nullptr);
+  ASSERT_NE(model_on, nullptr);
+  const Generation want = Generate(*model_off);
+  const Generation got = Generate(*model_on);
+  ASSERT_EQ(want.tokens.size(), size_t{kDecodeSteps});
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_TRUE(SameBits(got.prefill, want.prefill)) << "prefill logits differ";
+  EXPECT_TRUE(SameBits(got.decode, want.decode)) << "decode logits differ";
+
+  const MemoryStats s = model_on->memory_stats();
+  EXPECT_TRUE(s.prefetch);
+  EXPECT_FALSE(model_off->memory_stats().prefetch);
+  EXPECT_EQ(model_off->memory_stats().pool.prefetches, 0u);
+  // Every step scores a prediction for layers 1..3.
+  EXPECT_EQ(s.prefetcher.predictions, uint64_t{3} * (1 + kDecodeSteps));
+  EXPECT_GT(s.prefetcher.predicted, 0u);
+  EXPECT_LE(s.prefetcher.correct, s.prefetcher.predicted);
+  EXPECT_LE(s.prefetcher.correct, s.prefetcher.used);
+  EXPECT_EQ(s.pool.pinned_experts, 0u);
+  EXPECT_EQ(s.pool.failed_loads, 0u);
+  EXPECT_LE(s.pool.loads_hidden + s.pool.prefetch_late, s.pool.prefetches);
+  if (c.fraction == 0) {
+    // No room for two slots: prefetch backs off and nothing is read ahead.
+    EXPECT_EQ(s.pool.prefetches, 0u);
+    EXPECT_EQ(s.prefetcher.issued, 0u);
+    EXPECT_GT(s.prefetcher.backed_off, 0u);
+  } else {
+    // With the lazy window protected, a pool that the last steps' experts fill backs
+    // off; protecting only this step's experts, it reads ahead.
+    if (c.protect_steps == 0) {
+      EXPECT_GT(s.prefetcher.issued, 0u);
+    }
+    EXPECT_EQ(s.prefetcher.issued, s.pool.prefetches);
+  }
+  std::printf("%s %.0f%% protect %d: precision %.3f recall %.3f, %llu prefetches, %llu hidden, %llu late, "
+              "%llu unused, %llu backed off; hits %llu/%llu (off: %llu/%llu)\n",
+              c.model.c_str(), c.fraction * 100, c.protect_steps, s.prefetcher.precision(), s.prefetcher.recall(),
+              static_cast<unsigned long long>(s.pool.prefetches),
+              static_cast<unsigned long long>(s.pool.loads_hidden),
+              static_cast<unsigned long long>(s.pool.prefetch_late),
+              static_cast<unsigned long long>(s.pool.prefetch_unused),
+              static_cast<unsigned long long>(s.prefetcher.backed_off),
+              static_cast<unsigned long long>(s.pool.hits),
+              static_cast<unsigned long long>(s.pool.hits + s.pool.misses),
+              static_cast<unsigned long long>(model_off->memory_stats().pool.hits),
+              static_cast<unsigned long long>(model_off->memory_stats().pool.hits +
+                                              model_off->memory_stats().pool.misses));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Oracle, PrefetchTest,
+    ::testing::Values(PrefetchCase{"tiny-moe-shakespeare-q4_0.gguf", 0.25, 2},
+                      PrefetchCase{"tiny-moe-shakespeare-q8_0.gguf", 0.25, 2},
+                      PrefetchCase{"tiny-moe-shakespeare-q4_0.gguf", 0.25, 0},
+                      PrefetchCase{"tiny-moe-shakespeare-q8_0.gguf", 0.25, 0},
+                      PrefetchCase{"tiny-moe-shakespeare-q4_0.gguf", 0.5, 2},
+                      PrefetchCase{"tiny-moe-shakespeare-q4_0.gguf", 0.5, 0},
+                      PrefetchCase{"tiny-moe-shakespeare-q4_0.gguf", 0, 2},
+                      PrefetchCase{"tiny-moe-shakespeare-q8_0.gguf", 0, 0}),
+    [](const auto& test) {
+      std::string name = test.param.model.find("q4_0") != std::string::npos ? "q4_0" : "q8_0";
+      return name +
+             (test.param.fraction == 0
+                  ? "_k_experts"
+                  : "_" + std::to_string(static_cast<int>(test.param.fraction * 100)) + "pct") +
+             "_protect" + std::to_string(test.param.protect_steps);
+    });
+
+TEST(Prefetch, SlowLoaderPrefetchedLoadsAreUsed) {
+  Watchdog watchdog(300);
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  ModelLoadOptions options = Options(true, 0.25);
+  options.expert_cache.prefetch_protect_steps = 0;  // read ahead in this small pool
+  std::unique_ptr<Model> model = Load(name, options);
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  cache->loader().set_delay_for_testing(2000);  // 2 ms per load: flash, not page cache
+  const Generation g = Generate(*model);
+  EXPECT_EQ(g.tokens.size(), size_t{kDecodeSteps});
+  const MemoryStats s = model->memory_stats();
+  EXPECT_GT(s.pool.prefetches, 0u);
+  // Loads started before the layer that used them: finished in time (hidden) or not
+  // (waited for, but started early): either way overlapped with compute.
+  EXPECT_GT(s.pool.loads_hidden + s.pool.prefetch_late, 0u);
+  // Each prefetch ends one way at most.
+  EXPECT_LE(s.pool.loads_hidden + s.pool.prefetch_late + s.pool.prefetch_unused +
+                s.pool.loads_in_flight,
+            s.pool.prefetches);
+  EXPECT_EQ(s.pool.loads, s.pool.misses - s.pool.prefetch_late + s.pool.prefetches -
+                              s.pool.loads_in_flight);
+  EXPECT_EQ(s.pool.pinned_experts, 0u);
+}
+
+TEST(Prefetch, LoaderFaultsDuringPrefetchDoNotLeakOrHang) {
+  Watchdog watchdog(300);
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  std::unique_ptr<Model> reference = Load(name, Options(false, 0.25));
+  ASSERT_NE(reference, nullptr);
+  const Generation want = Generate(*reference);
+  ModelLoadOptions options = Options(true, 0.25);
+  options.expert_cache.prefetch_protect_steps = 0;
+  std::unique_ptr<Model> model = Load(name, options);
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  cache->loader().set_delay_for_testing(500);
+  const std::vector<int32_t> prompt = Prompt();
+  auto kv = model->NewKvCache(64);
+  ASSERT_TRUE(kv.ok());
+  std::vector<float> logits;
+  // Two failures per expert of layer 2: a failed prefetch falls back to a synchronous
+  // load, which fails too (or a synchronous load fails and the retry is the next call):
+  // the call may fail, cleanly.
+  for (int e = 0; e < 8; ++e) cache->loader().InjectFault(2, e, experts::LoaderFault::kIoError, 2);
+  absl::Status s = model->Forward(prompt, kv->get(), LogitsFor::kAll, &logits);
+  if (!s.ok()) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_EQ((*kv)->size(), 0);
+  }
+  EXPECT_EQ(model->memory_stats().pool.pinned_experts, 0u);
+  for (int e = 0; e < 8; ++e) cache->loader().InjectFault(2, e, experts::LoaderFault::kIoError, 0);
+  (*kv)->Truncate(0);
+  ASSERT_TRUE(model->Forward(prompt, kv->get(), LogitsFor::kAll, &logits).ok());
+  EXPECT_TRUE(SameBits(logits, want.prefill));
+  cache->Drain();
+  const MemoryStats after = model->memory_stats();
+  EXPECT_EQ(after.pool.pinned_experts, 0u);
+  EXPECT_EQ(after.pool.loads_in_flight, 0u);
+  EXPECT_GT(after.pool.failed_loads, 0u);
+}
+
+TEST(Prefetch, FailedPrefetchFallsBackToASynchronousLoad) {
+  Watchdog watchdog(120);
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  std::unique_ptr<Model> model = Load(name, Options(true, 0.25));
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  cache->loader().InjectFault(1, 3, experts::LoaderFault::kShortRead, 1);
+  ASSERT_EQ(cache->Prefetch(1, 3), experts::ExpertCache::PrefetchResult::kStarted);
+  EXPECT_TRUE(cache->IsLoading(1, 3));
+  auto view = cache->Acquire(1, 3);  // waits, sees the failure, loads synchronously
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(cache->IsResident(1, 3));
+  cache->Release(1, 3);
+  const experts::ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.prefetch_failed, 1u);
+  EXPECT_EQ(s.failed_loads, 1u);
+  EXPECT_EQ(s.loads, 2u);
+  EXPECT_EQ(s.pinned_experts, 0u);
+}
+
+TEST(Prefetch, DestroyingTheModelWithLoadsInFlightDoesNotHang) {
+  Watchdog watchdog(120);
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  std::unique_ptr<Model> model = Load(name, Options(true, 0.5));
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  cache->loader().set_delay_for_testing(20000);
+  int started = 0;
+  for (int e = 0; e < 8; ++e) {
+    started += cache->Prefetch(3, e) == experts::ExpertCache::PrefetchResult::kStarted ? 1 : 0;
+  }
+  EXPECT_GT(started, 0);
+  EXPECT_GT(cache->stats().loads_in_flight, 0u);
+  model.reset();
+}
+
+TEST(Prefetch, NeverEvictsPinnedOrRecentExperts) {
+  Watchdog watchdog(120);
+  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
+  std::unique_ptr<Model> model = Load(name, Options(true, 0.25));  // 8 experts
+  ASSERT_NE(model, nullptr);
+  experts::ExpertCache* cache = dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_NE(cache, nullptr);
+  ASSERT_EQ(cache->capacity_experts(), 8u);
+  // Fill the pool: layer 0's experts, all used this step, two still pinned.
+  cache->BeginStep();
+  for (int e = 0; e < 8; ++e) ASSERT_TRUE(cache->Acquire(0, e).ok());
+  for (int e = 2; e < 8; ++e) cache->Release(0, e);
+  EXPECT_EQ(cache->Prefetch(1, 0), experts::ExpertCache::PrefetchResult::kBackedOff);
+  // Two steps later the unpinned ones are still in the lazy window.
+  cache->BeginStep();
+  cache->BeginStep();
+  EXPECT_EQ(cache->Prefetch(1, 0), experts::ExpertCache::PrefetchResult::kBackedOff);
+  // Past it, one of them may go (never a pinned one).
+  cache->BeginStep();
+  EXPECT_EQ(cache->Prefetch(1, 0), experts::ExpertCache::PrefetchResult::kStarted);
+  cache->Drain();
+  EXPECT_TRUE(cache->IsResident(1, 0));
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 1));
+  EXPECT_EQ(cache->stats().evictions, 1u);
+  // The prefetched expert, not yet used, is not taken by another prefetch either.
+  EXPECT_EQ(cache->Prefetch(1, 1), experts::ExpertCache::PrefetchResult::kStarted);
+  cache->Drain();
+  EXPECT_TRUE(cache->IsResident(1, 0));
+  // Acquire of a finished prefetch is a hit and a hidden load.
+  const uint64_t hits = cache->stats().hits;
+  ASSERT_TRUE(cache->Acquire(1, 0).ok());
+  cache->Release(1, 0);
+  EXPECT_EQ(cache->stats().hits, hits + 1);
+  EXPECT_EQ(cache->stats().loads_hidden, 1u);
+  cache->Release(0, 0);
+  cache->Release(0, 1);
+  EXPECT_EQ(cache->stats().pinned_experts, 0u);
+}
+
+TEST(Prefetch, DepthOutOfRangeIsALoadError) {
+  ModelLoadOptions options = Options(true, 0.25);
+  options.prefetch_depth = 4;  // the model has 4 layers
+  auto model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(model.status().message()).find("prefetch depth"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moert::model
