@@ -62,7 +62,8 @@ Router::Router(const kernels::KernelConfig& kernels, const RouterOptions& option
       p_(static_cast<size_t>(n_expert)),
       score_(static_cast<size_t>(n_expert)),
       plain_(static_cast<size_t>(n_expert)),
-      adjusted_(static_cast<size_t>(n_expert)) {}
+      adjusted_(static_cast<size_t>(n_expert)),
+      in_plain_(static_cast<size_t>(n_expert)) {}
 
 absl::Status Router::Validate(const RouterOptions& options) {
   if (!(options.alpha >= 0) || !std::isfinite(options.alpha)) {
@@ -202,12 +203,15 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
       wanted_step_[static_cast<size_t>(layer) * static_cast<size_t>(ne) + plain_[static_cast<size_t>(i)]] = step_;
     }
     if (adjust) {
-      // Changed: the adjusted top-k is not the same set as the plain one.
-      std::vector<uint32_t> a(adjusted_.begin(), adjusted_.begin() + k);
-      std::vector<uint32_t> b(plain_.begin(), plain_.begin() + k);
-      std::sort(a.begin(), a.end());
-      std::sort(b.begin(), b.end());
-      if (a != b) ++stats_.changed;
+      // Changed: some adjusted choice is not among the plain top k.
+      std::fill(in_plain_.begin(), in_plain_.end(), false);
+      for (int i = 0; i < k; ++i) in_plain_[plain_[static_cast<size_t>(i)]] = true;
+      for (int i = 0; i < k; ++i) {
+        if (!in_plain_[adjusted_[static_cast<size_t>(i)]]) {
+          ++stats_.changed;
+          break;
+        }
+      }
     }
     ++stats_.token_layers;
     stats_.experts += static_cast<uint64_t>(k);

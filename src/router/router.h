@@ -126,6 +126,7 @@ class Router {
   // Scratch, n_expert each.
   std::vector<float> p_, score_;
   std::vector<uint32_t> plain_, adjusted_;
+  std::vector<bool> in_plain_;
 };
 
 }  // namespace moert::router
