@@ -83,6 +83,7 @@ struct Params {
   std::vector<bool> prefetch = {false};
   int prefetch_depth = 1;
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
+  moert::model::Backend backend = moert::model::Backend::kCpu;
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -233,6 +234,14 @@ const std::vector<Flag>& Flags() {
          std::optional<moert::experts::IoMode> mode = moert::experts::ParseIoMode(v);
          if (!mode) return std::string("expected direct, buffered or mmap");
          p.io = *mode;
+         return std::nullopt;
+       }},
+      {"", "--backend", "cpu|opencl|auto",
+       "where the model runs (default cpu; auto: an OpenCL\nGPU that passes a self-test, else the CPU)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         auto backend = moert::model::ParseBackend(v);
+         if (!backend.ok()) return std::string("expected cpu, opencl or auto");
+         p.backend = *backend;
          return std::nullopt;
        }},
       {"", "--router-alpha", "A",
@@ -638,6 +647,10 @@ struct RunInfo {
   int n_threads = 0;
   float router_alpha = 0;
   float dynamic_k = 0;
+  // The model's backend: "CPU" or "OpenCL", with the OpenCL device and driver.
+  std::string backend = "CPU";
+  std::string device;
+  std::string driver;
 };
 
 std::string JsonString(std::string_view s) {
@@ -689,7 +702,9 @@ class JsonPrinter : public Printer {
     std::vector<std::pair<std::string_view, std::string>> fields = {
         {"build_commit", JsonString(MOERT_VERSION_STRING)},
         {"cpu_info", JsonString(info_.cpu_info)},
-        {"backends", JsonString("CPU")},
+        {"backends", JsonString(info_.backend)},
+        {"device", JsonString(info_.device)},
+        {"driver", JsonString(info_.driver)},
         {"model_filename", JsonString(info_.model.filename)},
         {"model_type", JsonString(info_.model.type)},
         {"model_size", StrCat(info_.model.size)},
@@ -762,12 +777,15 @@ class MarkdownPrinter : public Printer {
     const std::string tps = absl::StrFormat("%.2f ± %.2f", Mean(ts), StdDev(ts));
     // "±" is two bytes but one column: pad one more.
     std::printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %21s |\n", info_.model.type.c_str(),
-                Size(info_.model.size).c_str(), Params(info_.model.n_params).c_str(), "CPU",
+                Size(info_.model.size).c_str(), Params(info_.model.n_params).c_str(), info_.backend.c_str(),
                 info_.n_threads, r.name().c_str(), tps.c_str());
     std::fflush(stdout);
   }
   void Footer() override {
     std::printf("\nbuild: moert %s, isa %s\n", MOERT_VERSION_STRING, info_.isa.c_str());
+    if (!info_.device.empty()) {
+      std::printf("device: %s, driver %s\n", info_.device.c_str(), info_.driver.c_str());
+    }
   }
 
  private:
@@ -888,11 +906,23 @@ int Run(const Params& p) {
     options.prefetch = p.prefetch.front();
     options.prefetch_depth = p.prefetch_depth;
     options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
+    options.backend = p.backend;
     // Each test has its own KV cache, one after the other.
     options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
     auto loaded = moert::model::Model::Load(**file, options);
     if (!loaded.ok()) return Fail(StrCat("cannot load ", path, ": ", loaded.status().message()));
     model = std::move(*loaded);
+    const moert::model::BackendStats backend = model->backend_stats();
+    info.backend = backend.backend;
+    info.device = backend.device;
+    info.driver = backend.driver;
+    if (backend.backend != "CPU") {
+      std::fprintf(stderr, "%s: backend %s on %s, driver %s\n", kTool, backend.backend.c_str(),
+                   backend.device.c_str(), backend.driver.c_str());
+    } else if (!backend.cpu_reason.empty()) {
+      std::fprintf(stderr, "%s: backend CPU: OpenCL not used: %s\n", kTool,
+                   backend.cpu_reason.c_str());
+    }
     std::fprintf(stderr, "%s: loaded %s (%s) in %.1f s\n", kTool, info.model.type.c_str(),
                  path.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -72,6 +72,8 @@ constexpr char kUsage[] =
     "  --prefetch on|off        with a pool, read the experts the next layer's router\n"
     "                           predicts while this layer computes (default off)\n"
     "  --prefetch-depth N       predict N layers ahead (default 1)\n"
+    "  --backend cpu|opencl|auto where the model runs (default cpu; auto: an OpenCL\n"
+    "                           GPU that passes a self-test, else the CPU)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -114,6 +116,8 @@ struct Args {
   float thermal_limit = 0;
   bool prefetch = false;
   int64_t prefetch_depth = 1;
+  moert::Backend backend = moert::Backend::kCpu;
+  bool backend_given = false;
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -220,6 +224,18 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "--prefetch-depth") {
       error = int_flag(&args->prefetch_depth, 1);
       if (error.empty() && args->prefetch_depth < 1) error = bad("a number of layers >= 1");
+    } else if (arg == "--backend") {
+      if (!value(&v)) return need("cpu, opencl or auto");
+      args->backend_given = true;
+      if (v == "cpu") {
+        args->backend = moert::Backend::kCpu;
+      } else if (v == "opencl") {
+        args->backend = moert::Backend::kOpenCl;
+      } else if (v == "auto") {
+        args->backend = moert::Backend::kAuto;
+      } else {
+        error = bad("cpu, opencl or auto");
+      }
     } else {
       return "unknown argument '" + std::string(arg) + "' (see --help)";
     }
@@ -375,6 +391,7 @@ int main(int argc, char** argv) {
   options.thermal_limit_c = args.thermal_limit;
   options.prefetch = args.prefetch;
   options.prefetch_depth = static_cast<int>(std::min<int64_t>(args.prefetch_depth, INT32_MAX));
+  options.backend = args.backend;
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());
@@ -384,6 +401,18 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     bar.Clear();
     return Fail(status.message());
+  }
+  if (args.backend_given) {
+    const moert::ModelInfo info = runtime->model_info();
+    bar.Clear();
+    if (info.backend == "CPU") {
+      std::fprintf(stderr, "moert-chat: backend CPU%s%s\n",
+                   info.backend_note.empty() ? "" : ": OpenCL not used: ",
+                   info.backend_note.c_str());
+    } else {
+      std::fprintf(stderr, "moert-chat: backend %s on %s, driver %s\n", info.backend.c_str(),
+                   info.device.c_str(), info.driver.c_str());
+    }
   }
 
   moert::GenerateRequest request;

@@ -51,6 +51,8 @@ constexpr char kUsage[] =
     "  --prefetch on|off       with a pool, read the experts the next layer's router\n"
     "                          predicts while this layer computes (default off)\n"
     "  --prefetch-depth N      predict N layers ahead (default 1)\n"
+    "  --backend cpu|opencl|auto  where the model runs (default cpu; auto: an OpenCL\n"
+    "                          GPU that passes a self-test, else the CPU)\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
   float thermal_limit = 0;
   bool prefetch = false;
   int prefetch_depth = 1;
+  moert::model::Backend backend = moert::model::Backend::kCpu;
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -171,6 +174,14 @@ int main(int argc, char** argv) {
       prefetch = std::string_view(v) == "on";
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
+    } else if (arg == "--backend") {
+      const char* v = value("cpu, opencl or auto");
+      if (v == nullptr) return 1;
+      auto parsed = moert::model::ParseBackend(v);
+      if (!parsed.ok()) {
+        return Fail(std::string(arg) + ": " + std::string(parsed.status().message()));
+      }
+      backend = *parsed;
     } else {
       return Fail("unknown argument '" + std::string(arg) + "' (see --help)");
     }
@@ -205,8 +216,18 @@ int main(int argc, char** argv) {
   load_options.resource_monitor.thermal_limit_c = thermal_limit;
   load_options.prefetch = prefetch;
   load_options.prefetch_depth = prefetch_depth;
+  load_options.backend = backend;
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
+  const moert::model::BackendStats backend_stats = (*model)->backend_stats();
+  if (backend_stats.backend != "CPU") {
+    std::fprintf(stderr, "moert-perplexity: backend %s on %s, driver %s\n",
+                 backend_stats.backend.c_str(), backend_stats.device.c_str(),
+                 backend_stats.driver.c_str());
+  } else if (!backend_stats.cpu_reason.empty()) {
+    std::fprintf(stderr, "moert-perplexity: backend CPU: OpenCL not used: %s\n",
+                 backend_stats.cpu_reason.c_str());
+  }
 
   // llama-perplexity: add_special (BOS as the vocabulary asks), no special parsing.
   const std::vector<moert::tokenizer::TokenId> tokens = tokenizer->Encode(text, true, false);
@@ -271,6 +292,11 @@ int main(int argc, char** argv) {
                  static_cast<double>(router.alpha), static_cast<double>(router.dynamic_k_p),
                  s.average_k(), 100 * s.changed_fraction(),
                  static_cast<unsigned long long>(s.token_layers));
+  }
+  if (const uint64_t f = (*model)->backend_stats().fallbacks; f > 0) {
+    std::fprintf(stderr, "moert-perplexity: %llu request(s) fell back to the CPU; last: %s\n",
+                 static_cast<unsigned long long>(f),
+                 (*model)->backend_stats().last_fallback.c_str());
   }
   std::printf("PPL = %.4f +/- %.5f\n", result->ppl, result->ppl_error);
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");

@@ -73,6 +73,13 @@ typedef enum moert_io_mode {
   MOERT_IO_MMAP = 2      /**< copies out of a read-only mapping of the file */
 } moert_io_mode;
 
+/** Where a model's forward pass runs (see moert_runtime_set_backend()). */
+typedef enum moert_backend {
+  MOERT_BACKEND_CPU = 0,    /**< the CPU kernels (the default) */
+  MOERT_BACKEND_OPENCL = 1, /**< the OpenCL device; loading fails when there is none */
+  MOERT_BACKEND_AUTO = 2    /**< OpenCL on a GPU passing a self-test, else the CPU */
+} moert_backend;
+
 /** Runtime options. Fill with moert_runtime_options_default() first. */
 typedef struct moert_runtime_options {
   int32_t threads;        /**< compute threads; 0: one per online CPU */
@@ -291,6 +298,13 @@ MOERT_API moert_status moert_runtime_set_temperature(moert_runtime* runtime, flo
  * ahead predicts are read. Off (0) by default. MOERT_INVALID_ARGUMENT for depth < 1
  * (and, at load, for a depth past the model's last layer). */
 MOERT_API moert_status moert_runtime_set_prefetch(moert_runtime* runtime, int enabled, int depth);
+
+/** Sets the backend of the models loaded from now on (default MOERT_BACKEND_CPU).
+ * With MOERT_BACKEND_OPENCL, loading fails with MOERT_FAILED_PRECONDITION naming why
+ * when no OpenCL device is usable, and with MOERT_UNIMPLEMENTED for a model the device
+ * path cannot run (an expert pool); MOERT_BACKEND_AUTO then runs on the CPU.
+ * MOERT_INVALID_ARGUMENT for an unknown value. */
+MOERT_API moert_status moert_runtime_set_backend(moert_runtime* runtime, moert_backend backend);
 
 #ifdef __cplusplus
 }

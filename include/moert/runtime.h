@@ -78,6 +78,15 @@ enum class IoMode {
   kMmap,      // copies out of a read-only mapping of the file
 };
 
+// Where a model's forward pass runs.
+enum class Backend {
+  kCpu,     // the CPU kernels (the default)
+  kOpenCl,  // the OpenCL device; LoadModel fails with kFailedPrecondition naming why
+            // when there is none (kUnimplemented with an expert pool)
+  kAuto,    // OpenCL on a GPU that passes a self-test at load, else the CPU; a request
+            // that fails on the device runs on the CPU and is counted
+};
+
 struct RuntimeOptions {
   int threads = 0;         // compute threads; 0: one per online CPU
   int context_length = 0;  // KV cache positions per session; 0: the model's training context
@@ -128,6 +137,8 @@ struct RuntimeOptions {
   // default: on the machines measured so far it did not pay (issue 7).
   bool prefetch = false;
   int prefetch_depth = 1;  // layers ahead, 1 .. the model's layers - 1
+
+  Backend backend = Backend::kCpu;
 };
 
 struct ModelInfo {
@@ -139,6 +150,12 @@ struct ModelInfo {
   int context_length = 0;     // what each session gets
   std::string chat_template;  // the template family sessions use by default: "chatml", ...
   double load_ms = 0;
+  // The backend the model runs on: "CPU" or "OpenCL"; with OpenCL the device's name
+  // and type and its driver version. backend_note: with Backend::kAuto on the CPU, why.
+  std::string backend = "CPU";
+  std::string device;
+  std::string driver;
+  std::string backend_note;
 };
 
 struct Message {

@@ -3,6 +3,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <new>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "experts/expert_directory.h"
 #include "experts/hot_set.h"
 #include "experts/loader.h"
+#include "model/opencl_decoder.h"
 
 namespace moert::model {
 
@@ -65,7 +67,8 @@ uint64_t ScratchBytes(const ModelSpec& spec, uint64_t positions) {
 class DecoderKvCache final : public KvCache {
  public:
   DecoderKvCache(int capacity, int n_layer, int64_t k_width, int64_t v_width)
-      : capacity_(capacity),
+      : id_(NextId()),
+        capacity_(capacity),
         n_layer_(n_layer),
         k_width_(k_width),
         v_width_(v_width),
@@ -83,8 +86,26 @@ class DecoderKvCache final : public KvCache {
   float* keys(int layer) { return k_.data() + int64_t{layer} * capacity_ * k_width_; }
   float* values(int layer) { return v_.data() + int64_t{layer} * capacity_ * v_width_; }
   void set_size(int n) { size_ = n; }
+  // Distinct per cache object (the OpenCL backend's device copy names its cache).
+  uint64_t id() const { return id_; }
+  HostKv Host() {
+    HostKv kv;
+    kv.id = id_;
+    kv.capacity = capacity_;
+    for (int l = 0; l < n_layer_; ++l) {
+      kv.keys.push_back(keys(l));
+      kv.values.push_back(values(l));
+    }
+    return kv;
+  }
 
  private:
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
+  uint64_t id_;
   int capacity_;
   int n_layer_;
   int64_t k_width_;
@@ -94,7 +115,90 @@ class DecoderKvCache final : public KvCache {
   std::vector<float> v_;
 };
 
+const char* BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kOpenCl:
+      return "opencl";
+    case Backend::kAuto:
+      return "auto";
+  }
+  return "cpu";
+}
+
+absl::StatusOr<Backend> ParseBackend(std::string_view name) {
+  for (Backend b : {Backend::kCpu, Backend::kOpenCl, Backend::kAuto}) {
+    if (name == BackendName(b)) return b;
+  }
+  return absl::InvalidArgumentError(
+      StrCat("unknown backend '", name, "' (choose cpu, opencl or auto)"));
+}
+
 DecoderModel::DecoderModel(ModelSpec spec, int threads) : spec_(std::move(spec)), pool_(threads) {}
+
+DecoderModel::~DecoderModel() = default;
+
+absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
+  if (options.backend == Backend::kCpu) return absl::OkStatus();
+  const bool is_auto = options.backend == Backend::kAuto;
+  // What the device path does not run: kOpenCl says so, kAuto stays on the CPU.
+  std::string cpu_only;
+  AttentionOptions attention;
+  bool shared_expert = false;
+  if (expert_cache_ != nullptr) {
+    cpu_only = "a model with an expert pool (memory budget) runs on the CPU only";
+  } else if (!PreNormLayout(&attention, &shared_expert)) {
+    cpu_only = "this architecture's layers run on the CPU only";
+  } else if (options.ffn_input_observer || options.route_observer) {
+    cpu_only = "FFN input and routing observers run on the CPU only";
+  } else if (options.router.dynamic_k_p != 0 || options.router.modality_lambda != 0 ||
+             options.resource_monitor.thermal_limit_c != 0) {
+    cpu_only = "dynamic top-k, the modality bias and the thermal limit run on the CPU only";
+  }
+  if (!cpu_only.empty()) {
+    if (is_auto) {
+      backend_.cpu_reason = cpu_only;
+      return absl::OkStatus();
+    }
+    return absl::UnimplementedError(StrCat("--backend opencl: ", cpu_only));
+  }
+#ifdef MOERT_HAVE_OPENCL
+  DecoderView view;
+  view.spec = &spec_;
+  view.token_embd = &token_embd_;
+  view.output_norm = &output_norm_;
+  view.output = &output_;
+  view.rope_freqs = &rope_freqs_;
+  view.layers = &layers_;
+  view.attention = attention;
+  view.shared_expert = shared_expert;
+  OpenClDecoderOptions cl_options;
+  cl_options.require_gpu = is_auto;
+  cl_options.allow_cpu_device = options.opencl_allow_cpu_device;
+  auto decoder = NewOpenClDecoder(view, cl_options);
+  if (!decoder.ok()) {
+    if (is_auto) {
+      backend_.cpu_reason = std::string(decoder.status().message());
+      return absl::OkStatus();
+    }
+    return decoder.status();
+  }
+  opencl_ = std::move(*decoder);
+  fallback_to_cpu_ = is_auto;
+  backend_.backend = "OpenCL";
+  backend_.device = StrCat(opencl_->device_name(), " (", opencl_->device_type(), ")");
+  backend_.driver = opencl_->driver_version();
+  return absl::OkStatus();
+#else
+  if (is_auto) {
+    backend_.cpu_reason = "moert was built without the OpenCL backend";
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "--backend opencl: moert was built without the OpenCL backend (OpenCL not found at build)");
+#endif
+}
 
 absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
@@ -134,6 +238,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
   }
   MOERT_RETURN_IF_ERROR(SetUpRouter(file, options));
   MOERT_RETURN_IF_ERROR(SetPrefetch(options.prefetch, options.prefetch_depth));
+  MOERT_RETURN_IF_ERROR(SetUpBackend(options));
   if (options.progress) options.progress(1.0f);
   return absl::OkStatus();
 }
@@ -412,6 +517,16 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
 absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
                                         DecoderKvCache* cache, int64_t first_logit_row,
                                         float* logits) {
+  if (opencl_ != nullptr) {
+    absl::Status status =
+        opencl_->ForwardBatch(tokens, pos0, cache->Host(), first_logit_row, logits);
+    if (status.ok() || !fallback_to_cpu_) return status;
+    // Backend::kAuto: this request runs on the CPU; the device copy of the cache is
+    // stale from pos0 on (the CPU writes it below).
+    ++backend_.fallbacks;
+    backend_.last_fallback = status.ToString();
+    opencl_->Invalidate(cache->id(), pos0);
+  }
   if (expert_cache_ != nullptr) expert_cache_->BeginStep();
   if (router_ != nullptr) router_->BeginStep();
   if (prefetcher_ != nullptr) prefetcher_->BeginStep();

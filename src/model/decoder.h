@@ -85,15 +85,18 @@ void NormInto(LayerContext& ctx, const std::vector<float>& weight, std::vector<f
 void AddResidual(LayerContext& ctx, const std::vector<float>& out);
 
 class DecoderKvCache;
+class OpenClDecoder;
 
 // The decoder-only transformer; an architecture implements LoadLayer and RunLayer.
 class DecoderModel : public Model {
  public:
+  ~DecoderModel() override;
   const format::ModelSpec& spec() const override { return spec_; }
   absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int n_ctx) const override;
   absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
                        std::vector<float>* logits) override;
   MemoryStats memory_stats() const override;
+  BackendStats backend_stats() const override { return backend_; }
   absl::Status SaveHotSet() override;
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
@@ -113,6 +116,13 @@ class DecoderModel : public Model {
   // Runs ctx.n_tokens tokens through one layer, updating ctx.x. Fails only when an
   // expert cannot be loaded from the pool.
   virtual absl::Status RunLayer(LayerContext& ctx, const LayerWeights& w) = 0;
+  // What the OpenCL forward (model/opencl_decoder.h) needs to know of RunLayer: the
+  // layer is PreNormDecoderModel's with these options (false: CPU only).
+  virtual bool PreNormLayout(AttentionOptions* attention, bool* shared_expert) const {
+    (void)attention;
+    (void)shared_expert;
+    return false;
+  }
 
  private:
   // Loads (or, in measure mode, sizes) every tensor through `loader`.
@@ -144,6 +154,14 @@ class DecoderModel : public Model {
 
   // Sets up router_ (LoadWeights, after the layers and the pool).
   absl::Status SetUpRouter(const format::GgufFile& file, const ModelLoadOptions& options);
+  // Sets up opencl_ for ModelLoadOptions::backend (LoadWeights, last).
+  absl::Status SetUpBackend(const ModelLoadOptions& options);
+
+  // The OpenCL forward (null: the CPU); with Backend::kAuto a failed device run falls
+  // back to the CPU (counted in backend_).
+  std::unique_ptr<OpenClDecoder> opencl_;
+  bool fallback_to_cpu_ = false;
+  BackendStats backend_;
 };
 
 // The pre-norm block every supported architecture uses: x += Attention(Norm(x));
@@ -162,6 +180,11 @@ class PreNormDecoderModel final : public DecoderModel {
  protected:
   absl::Status LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) override;
   absl::Status RunLayer(LayerContext& ctx, const LayerWeights& w) override;
+  bool PreNormLayout(AttentionOptions* attention, bool* shared_expert) const override {
+    *attention = attention_;
+    *shared_expert = shared_expert_;
+    return true;
+  }
 
  private:
   const AttentionOptions attention_;

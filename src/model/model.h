@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,18 @@ class KvCache {
   virtual void Truncate(int n) = 0;
   virtual int size() const = 0;      // positions filled so far
 };
+
+// Where a model's forward pass runs (issue 8).
+enum class Backend {
+  kCpu,     // the CPU kernels (the default and the reference)
+  kOpenCl,  // the OpenCL device; FailedPrecondition naming why when there is none
+  kAuto,    // OpenCL on a GPU that passes a self-test at load, else the CPU
+};
+
+// "cpu", "opencl", "auto".
+const char* BackendName(Backend backend);
+// The inverse of BackendName; InvalidArgument naming the choices otherwise.
+absl::StatusOr<Backend> ParseBackend(std::string_view name);
 
 struct ModelLoadOptions {
   // Compute threads (pthreadpool; the calling thread is one of them); 0: one per core;
@@ -112,6 +125,27 @@ struct ModelLoadOptions {
   // Called with every MoE layer's routing (tests); may be empty.
   std::function<void(int layer, int64_t n, int slots, const int* experts, const float* weights)>
       route_observer;
+
+  // --- Backend. kOpenCl and kAuto need a model without an expert pool (kOpenCl with a
+  // pool: Unimplemented; kAuto: the CPU), and ffn_input_observer / route_observer run
+  // only on the CPU path (set: the CPU, as with a pool). kAuto falls back to the CPU
+  // for a request whose device run fails and counts it (BackendStats::fallbacks).
+  Backend backend = Backend::kCpu;
+  // Accept a CPU or accelerator OpenCL device (PoCL in tests) for kOpenCl; kAuto always
+  // wants a GPU.
+  bool opencl_allow_cpu_device = true;
+};
+
+// The backend a model runs on and why.
+struct BackendStats {
+  std::string backend = "CPU";  // "CPU" or "OpenCL"
+  std::string device;           // the OpenCL device's name, driver and type; empty on the CPU
+  std::string driver;
+  // With Backend::kAuto on the CPU: why not OpenCL (no platform, not a GPU, the
+  // self-test failed, an expert pool ...).
+  std::string cpu_reason;
+  uint64_t fallbacks = 0;  // requests that failed on the device and ran on the CPU
+  std::string last_fallback;  // the Status of the last one
 };
 
 // The model's memory: the budget in force and, with an expert pool, its state and
@@ -169,6 +203,8 @@ class Model {
 
   // The budget and the expert pool (zeros without them).
   virtual MemoryStats memory_stats() const { return {}; }
+  // The backend the forward pass runs on (ModelLoadOptions::backend).
+  virtual BackendStats backend_stats() const { return {}; }
   // The router and its resource monitor (null for a dense model or reference routing).
   // Their setters may be called between Forward calls; ResourceMonitor::SetTemperature
   // from any thread.

@@ -15,3 +15,7 @@ list(APPEND MOERT_SOURCES
   model/chat_template.cc
   model/stop.cc
 )
+# The model's forward on the OpenCL backend (MOERT_HAVE_OPENCL, cmake/MoertOpenCL.cmake).
+if(MOERT_HAVE_OPENCL)
+  list(APPEND MOERT_SOURCES model/opencl_decoder.cc)
+endif()

@@ -445,6 +445,15 @@ moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_io_mode mod
   });
 }
 
+moert_status moert_runtime_set_backend(moert_runtime* runtime, moert_backend backend) {
+  int value = 0;  // read as an int, as moert_runtime_set_io_mode
+  static_assert(sizeof(value) == sizeof(backend), "moert_backend is an int");
+  std::memcpy(&value, &backend, sizeof(value));
+  return SetOption(runtime, "moert_runtime_set_backend", [&](moert::RuntimeOptions& o) {
+    o.backend = static_cast<moert::Backend>(value);  // SetOptions rejects an unknown one
+  });
+}
+
 moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled) {
   return SetOption(runtime, "moert_runtime_set_hot_set",
                    [&](moert::RuntimeOptions& o) { o.hot_set = enabled != 0; });

@@ -125,6 +125,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
   load_options.prefetch = options.prefetch;
   load_options.prefetch_depth = options.prefetch_depth;
+  load_options.backend = options.backend == Backend::kOpenCl ? model::Backend::kOpenCl
+                         : options.backend == Backend::kAuto ? model::Backend::kAuto
+                                                             : model::Backend::kCpu;
   // The budget sets the KV cache aside for the context sessions will get.
   if (auto spec = format::ReadModelSpec(gguf); spec.ok()) {
     load_options.kv_cache_positions =
@@ -160,6 +163,11 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   info.training_context_length = static_cast<int>(spec.n_ctx_train);
   info.context_length = loaded->context_length;
   info.chat_template = ChatTemplateName(loaded->chat_template);
+  const model::BackendStats backend = loaded->model->backend_stats();
+  info.backend = backend.backend;
+  info.device = backend.device;
+  info.driver = backend.driver;
+  info.backend_note = backend.cpu_reason;
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   reporter.Done();
@@ -202,6 +210,11 @@ Status CheckOptions(RuntimeOptions* options) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("expert_pool_fraction must be in (0, 1] (0: unset), got ",
                          options->expert_pool_fraction));
+  }
+  if (options->backend != Backend::kCpu && options->backend != Backend::kOpenCl &&
+      options->backend != Backend::kAuto) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("unknown backend ", static_cast<int>(options->backend)));
   }
   if (options->io_mode != IoMode::kDirect && options->io_mode != IoMode::kBuffered &&
       options->io_mode != IoMode::kMmap) {

@@ -589,6 +589,97 @@ TEST_F(OpenClTest, BuildFailureReturnsTheBuildLog) {
             absl::StatusCode::kNotFound);
 }
 
+// fp32 matmul (weights kept fp32: the F32 model, routers): bit for bit model::MatMul,
+// over K with and without a tail past the blocks of 8, rows and tokens of 1 and more.
+TEST_F(OpenClTest, F32MatMulMatchesCpuBitForBit) {
+  model::ThreadPool pool(1);
+  for (int64_t rows : {1, 7, 65}) {
+    for (int64_t cols : {8, 44, 256}) {
+      for (int64_t n : {1, 3}) {
+        const std::vector<float> w = RandomFloats(static_cast<size_t>(rows * cols), 11);
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 12);
+        std::vector<float> want(static_cast<size_t>(n * rows));
+        model::MatMul(pool, model::MatrixView(w.data(), rows, cols), x.data(), n, want.data());
+        Buffer dw = Upload(device(), w), dx = Upload(device(), x);
+        Buffer dy = Alloc(device(), want.size() * 4);
+        ASSERT_TRUE(F32MatMul(device(), dw, rows, cols, dx, n, dy).ok());
+        EXPECT_EQ(Download<float>(device(), dy, want.size()), want)
+            << rows << " x " << cols << ", n " << n;
+      }
+    }
+  }
+  Buffer small = Alloc(device(), 16);
+  EXPECT_EQ(F32MatMul(device(), small, 4, 4, small, 1, small).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+// The elementwise ops the model forward chains: residual add, bias, SiluMul, row
+// gather and the slot-ordered weighted sum of expert outputs, against host arithmetic.
+TEST_F(OpenClTest, ElementwiseOpsMatchHostArithmetic) {
+  const int64_t n = 3, width = 40, k = 2;
+  const std::vector<float> a = RandomFloats(static_cast<size_t>(n * width), 21);
+  const std::vector<float> b = RandomFloats(static_cast<size_t>(n * width), 22);
+  const std::vector<float> bias = RandomFloats(static_cast<size_t>(width), 23);
+  {
+    Buffer dx = Upload(device(), a), dy = Upload(device(), b);
+    ASSERT_TRUE(AddInPlace(device(), dx, dy, n * width).ok());
+    std::vector<float> want = a;
+    for (size_t i = 0; i < want.size(); ++i) want[i] += b[i];
+    EXPECT_EQ(Download<float>(device(), dx, want.size()), want);
+  }
+  {
+    Buffer dy = Upload(device(), a), db = Upload(device(), bias);
+    ASSERT_TRUE(AddBias(device(), dy, db, n, width).ok());
+    std::vector<float> want = a;
+    model::AddBias(bias, n, want.data());
+    EXPECT_EQ(Download<float>(device(), dy, want.size()), want);
+  }
+  {
+    Buffer dg = Upload(device(), a), du = Upload(device(), b);
+    ASSERT_TRUE(SiluMul(device(), dg, du, n * width).ok());
+    std::vector<float> want(a.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = model::Silu(a[i]) * b[i];
+    EXPECT_LT(Nmse(Download<float>(device(), dg, want.size()), want), 1e-12);
+  }
+  {
+    const std::vector<int32_t> idx = {2, 0, 2, 1};
+    Buffer src = Upload(device(), a), di = Upload(device(), idx);
+    Buffer dst = Alloc(device(), idx.size() * width * 4);
+    ASSERT_TRUE(GatherRows(device(), src, n, di, 4, width, dst).ok());
+    const std::vector<float> got = Download<float>(device(), dst, idx.size() * width);
+    for (size_t r = 0; r < idx.size(); ++r) {
+      for (int64_t i = 0; i < width; ++i) {
+        ASSERT_EQ(got[r * width + static_cast<size_t>(i)], a[static_cast<size_t>(idx[r] * width + i)]);
+      }
+    }
+  }
+  {
+    // Token 1's second slot is empty (expert -1): its first term alone.
+    const std::vector<float> y = RandomFloats(static_cast<size_t>(n * k * width), 24);
+    const std::vector<int32_t> experts = {0, 3, 5, -1, 2, 1};
+    const std::vector<float> weights = {0.75f, 0.25f, 0.5f, 0.5f, 0.125f, 0.875f};
+    Buffer dy = Upload(device(), y), de = Upload(device(), experts), dw = Upload(device(), weights);
+    Buffer out = Alloc(device(), static_cast<size_t>(n * width) * 4);
+    ASSERT_TRUE(MoeCombine(device(), dy, de, dw, n, static_cast<int>(k), width, out).ok());
+    std::vector<float> want(static_cast<size_t>(n * width));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < width; ++i) {
+        float o = 0;
+        bool first = true;
+        for (int64_t s2 = 0; s2 < k; ++s2) {
+          const size_t p = static_cast<size_t>(t * k + s2);
+          if (experts[p] < 0) continue;
+          const float term = weights[p] * y[p * width + static_cast<size_t>(i)];
+          o = first ? term : o + term;
+          first = false;
+        }
+        want[static_cast<size_t>(t * width + i)] = o;
+      }
+    }
+    EXPECT_EQ(Download<float>(device(), out, want.size()), want);
+  }
+}
+
 TEST(OpenClStatusTest, ErrorCodesMapToStatusCodes) {
   EXPECT_TRUE(ClStatus(CL_SUCCESS, "x").ok());
   EXPECT_EQ(ClStatus(CL_OUT_OF_RESOURCES, "clEnqueueNDRangeKernel").code(),

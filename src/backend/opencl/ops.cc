@@ -359,4 +359,101 @@ absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert
   return Launch(device, kernel, "topk_route", 1, &global, &local);
 }
 
+namespace {
+
+// count in (0, INT_MAX].
+absl::Status CheckCount(int64_t count, std::string_view what) {
+  if (count <= 0 || count > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL ", what, ": count ", count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Launch1D(Device& device, cl_kernel kernel, std::string_view name, int64_t count) {
+  const size_t global = static_cast<size_t>(count);
+  const size_t local = Pow2Group(device, 64);
+  return Launch(device, kernel, name, 1, &global, &local);
+}
+
+}  // namespace
+
+absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, BufferRef x,
+                       int64_t n, BufferRef y) {
+  if (rows <= 0 || cols <= 0 || n <= 0 || rows > std::numeric_limits<int>::max() ||
+      cols > std::numeric_limits<int>::max() || n > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        StrCat("OpenCL f32 matmul: ", rows, " x ", cols, " weights, n = ", n));
+  }
+  MOERT_RETURN_IF_ERROR(CheckRange(w, static_cast<size_t>(rows * cols) * 4, "f32 matmul weights"));
+  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(n * cols) * 4, "f32 matmul input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(n * rows) * 4, "f32 matmul output"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("f32_gemm", "f32_matmul"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, w, x, y, static_cast<int>(rows), static_cast<int>(cols),
+                                static_cast<int>(n)));
+  const size_t local[2] = {Pow2Group(device, 64), 1};
+  const size_t global[2] = {static_cast<size_t>(rows), static_cast<size_t>(n)};
+  return Launch(device, kernel, "f32_matmul", 2, global, local);
+}
+
+absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count) {
+  MOERT_RETURN_IF_ERROR(CheckCount(count, "add"));
+  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(count) * 4, "add x"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(count) * 4, "add y"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "add_inplace"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, y, static_cast<int>(count)));
+  return Launch1D(device, kernel, "add_inplace", count);
+}
+
+absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_t width) {
+  MOERT_RETURN_IF_ERROR(CheckCount(width, "add_bias"));
+  MOERT_RETURN_IF_ERROR(CheckCount(n * width, "add_bias"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(n * width) * 4, "add_bias y"));
+  MOERT_RETURN_IF_ERROR(CheckRange(b, static_cast<size_t>(width) * 4, "add_bias b"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "add_bias"));
+  MOERT_RETURN_IF_ERROR(
+      SetArgs(kernel, y, b, static_cast<int>(width), static_cast<int>(n * width)));
+  return Launch1D(device, kernel, "add_bias", n * width);
+}
+
+absl::Status SiluMul(Device& device, BufferRef g, BufferRef u, int64_t count) {
+  MOERT_RETURN_IF_ERROR(CheckCount(count, "silu_mul"));
+  MOERT_RETURN_IF_ERROR(CheckRange(g, static_cast<size_t>(count) * 4, "silu_mul gate"));
+  MOERT_RETURN_IF_ERROR(CheckRange(u, static_cast<size_t>(count) * 4, "silu_mul up"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "silu_mul"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, g, u, static_cast<int>(count)));
+  return Launch1D(device, kernel, "silu_mul", count);
+}
+
+absl::Status GatherRows(Device& device, BufferRef src, int64_t src_rows, BufferRef idx,
+                        int64_t n, int64_t width, BufferRef dst) {
+  MOERT_RETURN_IF_ERROR(CheckCount(n * width, "gather_rows"));
+  MOERT_RETURN_IF_ERROR(CheckCount(src_rows * width, "gather_rows"));
+  MOERT_RETURN_IF_ERROR(CheckRange(src, static_cast<size_t>(src_rows * width) * 4, "gather src"));
+  MOERT_RETURN_IF_ERROR(CheckRange(idx, static_cast<size_t>(n) * 4, "gather idx"));
+  MOERT_RETURN_IF_ERROR(CheckRange(dst, static_cast<size_t>(n * width) * 4, "gather dst"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "gather_rows"));
+  MOERT_RETURN_IF_ERROR(
+      SetArgs(kernel, src, idx, dst, static_cast<int>(width), static_cast<int>(n)));
+  const size_t local[2] = {Pow2Group(device, 64), 1};
+  const size_t global[2] = {static_cast<size_t>(width), static_cast<size_t>(n)};
+  return Launch(device, kernel, "gather_rows", 2, global, local);
+}
+
+absl::Status MoeCombine(Device& device, BufferRef y, BufferRef experts, BufferRef weights,
+                        int64_t n, int k, int64_t width, BufferRef out) {
+  MOERT_RETURN_IF_ERROR(CheckCount(n * k * width, "moe_combine"));
+  if (k <= 0) return absl::InvalidArgumentError(StrCat("OpenCL moe_combine: k = ", k));
+  const size_t pairs = static_cast<size_t>(n * k);
+  MOERT_RETURN_IF_ERROR(CheckRange(y, pairs * static_cast<size_t>(width) * 4, "combine y"));
+  MOERT_RETURN_IF_ERROR(CheckRange(experts, pairs * 4, "combine experts"));
+  MOERT_RETURN_IF_ERROR(CheckRange(weights, pairs * 4, "combine weights"));
+  MOERT_RETURN_IF_ERROR(CheckRange(out, static_cast<size_t>(n * width) * 4, "combine out"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "moe_combine"));
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, y, experts, weights, out, static_cast<int>(width), k,
+                                static_cast<int>(n)));
+  const size_t local[2] = {Pow2Group(device, 64), 1};
+  const size_t global[2] = {static_cast<size_t>(width), static_cast<size_t>(n)};
+  return Launch(device, kernel, "moe_combine", 2, global, local);
+}
+
 }  // namespace moert::backend::opencl

@@ -125,6 +125,32 @@ absl::Status Attention(Device& device, const AttentionArgs& shape, BufferRef q, 
 absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert, int k,
                        bool renormalize, BufferRef experts, BufferRef weights);
 
+// --- fp32 and elementwise ops for the model forward (kernels/opencl/f32_gemm.cl,
+// elementwise.cl); each is the CPU's arithmetic in the CPU's order.
+
+// y[t][r] = model::Dot(w row r, x row t) for n rows of x ([n][cols]); w is rows x cols
+// fp32, row-major. Bit for bit model::MatMul on fp32 weights.
+absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, BufferRef x,
+                       int64_t n, BufferRef y);
+
+// x[i] += y[i] for i < count.
+absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count);
+
+// y[t][i] += b[i] for n rows of width.
+absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_t width);
+
+// g[i] = silu(g[i]) * u[i] for i < count.
+absl::Status SiluMul(Device& device, BufferRef g, BufferRef u, int64_t count);
+
+// dst row r = src row idx[r] (int32 idx on the device, each < src_rows) for r < n.
+absl::Status GatherRows(Device& device, BufferRef src, int64_t src_rows, BufferRef idx,
+                        int64_t n, int64_t width, BufferRef dst);
+
+// out[t] = sum over slots s < k in order (experts[t*k+s] >= 0) of
+// weights[t*k+s] * y[t*k+s], y: [n*k][width]; out: [n][width].
+absl::Status MoeCombine(Device& device, BufferRef y, BufferRef experts, BufferRef weights,
+                        int64_t n, int k, int64_t width, BufferRef out);
+
 }  // namespace moert::backend::opencl
 
 #endif  // MOERT_BACKEND_OPENCL_OPS_H_

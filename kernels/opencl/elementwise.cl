@@ -1,0 +1,69 @@
+// Small elementwise kernels the model forward chains between the big ops: the
+// residual add, biases, SwiGLU's silu(gate) * up, row gathers (tokens grouped by
+// expert) and the weighted sum of each token's expert outputs in slot order. Each is
+// the CPU's arithmetic (src/model/layers.cc, decoder.cc) in the same order; silu's
+// exp() is the device's.
+
+// x[i] += y[i] for i < count.
+__kernel void add_inplace(__global uchar* x_base, ulong x_off, __global const uchar* y_base,
+                          ulong y_off, int count) {
+  const int i = (int)get_global_id(0);
+  if (i >= count) return;
+  __global float* x = (__global float*)(x_base + x_off);
+  x[i] = x[i] + ((__global const float*)(y_base + y_off))[i];
+}
+
+// y[t][i] += b[i] over rows of `width`; count = rows * width.
+__kernel void add_bias(__global uchar* y_base, ulong y_off, __global const uchar* b_base,
+                       ulong b_off, int width, int count) {
+  const int i = (int)get_global_id(0);
+  if (i >= count) return;
+  __global float* y = (__global float*)(y_base + y_off);
+  y[i] = y[i] + ((__global const float*)(b_base + b_off))[i % width];
+}
+
+// g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)).
+__kernel void silu_mul(__global uchar* g_base, ulong g_off, __global const uchar* u_base,
+                       ulong u_off, int count) {
+  const int i = (int)get_global_id(0);
+  if (i >= count) return;
+  __global float* g = (__global float*)(g_base + g_off);
+  const float x = g[i];
+  g[i] = (x / (1.0f + exp(-x))) * ((__global const float*)(u_base + u_off))[i];
+}
+
+// dst row r = src row idx[r], rows of `width` floats, for r < n.
+__kernel void gather_rows(__global const uchar* src_base, ulong src_off,
+                          __global const uchar* idx_base, ulong idx_off, __global uchar* dst_base,
+                          ulong dst_off, int width, int n) {
+  const int i = (int)get_global_id(0);
+  const int r = (int)get_global_id(1);
+  if (i >= width || r >= n) return;
+  const int from = ((__global const int*)(idx_base + idx_off))[r];
+  ((__global float*)(dst_base + dst_off))[(size_t)r * width + i] =
+      ((__global const float*)(src_base + src_off))[(size_t)from * width + i];
+}
+
+// out[t] = sum over slots s < k with experts[t*k+s] >= 0, in slot order, of
+// weights[t*k+s] * y[t*k+s] (the first term assigned, the next added).
+__kernel void moe_combine(__global const uchar* y_base, ulong y_off,
+                          __global const uchar* e_base, ulong e_off, __global const uchar* w_base,
+                          ulong w_off, __global uchar* out_base, ulong out_off, int width, int k,
+                          int n) {
+  const int i = (int)get_global_id(0);
+  const int t = (int)get_global_id(1);
+  if (i >= width || t >= n) return;
+  __global const float* y = (__global const float*)(y_base + y_off);
+  __global const int* experts = (__global const int*)(e_base + e_off);
+  __global const float* weights = (__global const float*)(w_base + w_off);
+  float o = 0.0f;
+  bool first = true;
+  for (int s = 0; s < k; ++s) {
+    const int p = t * k + s;
+    if (experts[p] < 0) continue;
+    const float term = weights[p] * y[(size_t)p * width + i];
+    o = first ? term : o + term;
+    first = false;
+  }
+  ((__global float*)(out_base + out_off))[(size_t)t * width + i] = o;
+}

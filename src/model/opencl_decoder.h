@@ -1,0 +1,81 @@
+// The decoder's forward pass on an OpenCL device (issue 8 phase 2): device copies of
+// the weights, the KV cache mirrored on the device, and DecoderModel's math (model/
+// decoder.cc) chained from the ops of backend/opencl/ops.h without host round trips,
+// except the token embeddings (looked up on the host), the routing of fp32 experts
+// (read back to group tokens by expert), the new KV rows (copied back so the host
+// cache stays whole: a CPU fallback or another backend can continue the sequence) and
+// the logits.
+//
+// An interface so that decoder.cc needs no OpenCL header: NewOpenClDecoder exists
+// only in a build with the OpenCL backend (MOERT_HAVE_OPENCL).
+#ifndef MOERT_MODEL_OPENCL_DECODER_H_
+#define MOERT_MODEL_OPENCL_DECODER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "format/model_spec.h"
+#include "model/decoder.h"
+
+namespace moert::model {
+
+// What the device forward reads of a DecoderModel (borrowed; the model outlives it).
+struct DecoderView {
+  const format::ModelSpec* spec = nullptr;
+  const Matrix* token_embd = nullptr;
+  const std::vector<float>* output_norm = nullptr;
+  const Matrix* output = nullptr;  // empty: tied to token_embd
+  const std::vector<float>* rope_freqs = nullptr;
+  const std::vector<LayerWeights>* layers = nullptr;
+  AttentionOptions attention;
+  bool shared_expert = false;
+};
+
+// The host KV cache of one sequence, which a device run reads (positions it has not
+// seen) and extends (the rows it computes).
+struct HostKv {
+  uint64_t id = 0;  // distinct for every cache object the process makes
+  int capacity = 0;
+  std::vector<float*> keys;    // per layer: [capacity][n_head_kv * head_dim_k]
+  std::vector<float*> values;  // per layer: [capacity][n_head_kv * head_dim_v]
+};
+
+class OpenClDecoder {
+ public:
+  virtual ~OpenClDecoder() = default;
+  virtual const std::string& device_name() const = 0;
+  virtual const std::string& driver_version() const = 0;
+  virtual std::string device_type() const = 0;  // "GPU", "CPU", ...
+  // DecoderModel::ForwardBatch on the device: tokens at pos0 .., their K/V rows
+  // written to `kv` (positions below pos0 are read from `kv` when the device copy is
+  // not current), logits of rows [first_logit_row, n) to `logits`.
+  virtual absl::Status ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
+                                    const HostKv& kv, int64_t first_logit_row,
+                                    float* logits) = 0;
+  // The host cache `kv_id` changed (the CPU wrote it) at positions >= from.
+  virtual void Invalidate(uint64_t kv_id, int64_t from) = 0;
+};
+
+struct OpenClDecoderOptions {
+  bool require_gpu = false;       // only a GPU device (Backend::kAuto)
+  bool allow_cpu_device = false;  // a CPU/accelerator device when there is no GPU
+};
+
+#ifdef MOERT_HAVE_OPENCL
+// Opens the device, runs the self-test (an fp32 GEMV against model::Dot) and uploads
+// the weights. FailedPrecondition naming why when there is no usable device or the
+// self-test fails; Unimplemented naming what the device path cannot run yet (a shared
+// expert, a weight format without OpenCL kernels); ResourceExhausted when the weights
+// do not fit the device.
+absl::StatusOr<std::unique_ptr<OpenClDecoder>> NewOpenClDecoder(const DecoderView& view,
+                                                                const OpenClDecoderOptions& options);
+#endif
+
+}  // namespace moert::model
+
+#endif  // MOERT_MODEL_OPENCL_DECODER_H_
