@@ -200,6 +200,23 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
 #endif
 }
 
+absl::Status DecoderModel::InjectDeviceFailureForTesting(const DeviceFailureForTesting& failure) {
+  if (opencl_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the model has no OpenCL forward to inject a failure into");
+  }
+  opencl_->InjectFailureForTesting(failure);
+  return absl::OkStatus();
+}
+
+absl::Status DecoderModel::FallBackToCpuForTesting() {
+  if (opencl_ == nullptr) {
+    return absl::FailedPreconditionError("the model has no OpenCL forward to fall back from");
+  }
+  fallback_to_cpu_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
   if (options.isa) {
@@ -520,12 +537,33 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
   if (opencl_ != nullptr) {
     absl::Status status =
         opencl_->ForwardBatch(tokens, pos0, cache->Host(), first_logit_row, logits);
-    if (status.ok() || !fallback_to_cpu_) return status;
-    // Backend::kAuto: this request runs on the CPU; the device copy of the cache is
-    // stale from pos0 on (the CPU writes it below).
+    if (status.ok()) {
+      ++device_batches_;
+      device_failures_in_a_row_ = 0;
+      return status;
+    }
+    if (!fallback_to_cpu_) return status;
+    // Backend::kAuto: this batch runs on the CPU. A device run that failed part-way
+    // left the host cache below pos0 as it was (it writes host rows only from pos0,
+    // which the CPU rewrites below); the device copy is stale from pos0 on, so the
+    // next device run uploads those rows from the host.
     ++backend_.fallbacks;
     backend_.last_fallback = status.ToString();
-    opencl_->Invalidate(cache->id(), pos0);
+    if (++device_failures_in_a_row_ < kDeviceFailuresBeforeCpu) {
+      opencl_->Invalidate(cache->id(), pos0);
+    } else {
+      // A device that fails every request (lost, reset, out of memory for good) would
+      // only add its failure's latency to each: the CPU runs the rest, and the
+      // device's memory (the weights' copies) is freed.
+      backend_.cpu_reason = StrCat(
+          "the OpenCL device ", backend_.device, " failed ", device_failures_in_a_row_,
+          " requests in a row; the CPU runs the rest (the last: ", std::string(status.message()),
+          ")");
+      backend_.backend = "CPU";
+      backend_.device.clear();
+      backend_.driver.clear();
+      opencl_.reset();
+    }
   }
   if (expert_cache_ != nullptr) expert_cache_->BeginStep();
   if (router_ != nullptr) router_->BeginStep();

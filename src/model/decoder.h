@@ -87,6 +87,20 @@ void AddResidual(LayerContext& ctx, const std::vector<float>& out);
 class DecoderKvCache;
 class OpenClDecoder;
 
+// A failure injected into the OpenCL forward (tests of the CPU fallback): after
+// `after_calls` device batches that run normally, the next `times` batches (< 0: every
+// batch from then on) fail in layer `layer` (clamped to the model's layers), once that
+// layer's attention kernels are enqueued, with the Status a real enqueue returning the
+// OpenCL error `cl_error` gives (backend/opencl/cl_status.h: CL_OUT_OF_RESOURCES -5,
+// CL_DEVICE_NOT_AVAILABLE -2, CL_INVALID_COMMAND_QUEUE -36 ...). An int because this
+// header includes no OpenCL header.
+struct DeviceFailureForTesting {
+  int after_calls = 0;
+  int layer = 0;
+  int cl_error = -5;  // CL_OUT_OF_RESOURCES
+  int times = 1;
+};
+
 // The decoder-only transformer; an architecture implements LoadLayer and RunLayer.
 class DecoderModel : public Model {
  public:
@@ -108,6 +122,21 @@ class DecoderModel : public Model {
 
   // The expert pool's cache; null without one. For tests (fault injection) and stats.
   experts::ExpertCache* expert_cache() { return expert_cache_.get(); }
+
+  // With Backend::kAuto, this many failed device batches in a row (a lost device fails
+  // every one) move the model to the CPU for the rest of its life: the device is
+  // released and backend_stats() says CPU, with the reason.
+  static constexpr int kDeviceFailuresBeforeCpu = 3;
+
+  // Tests of the device failure path. FailedPrecondition when the model has no OpenCL
+  // forward (the CPU backend, or kAuto after it gave the device up).
+  absl::Status InjectDeviceFailureForTesting(const DeviceFailureForTesting& failure);
+  // Backend::kAuto's failure policy (fall back to the CPU, count it, give the device up
+  // after kDeviceFailuresBeforeCpu in a row) on a model loaded with Backend::kOpenCl:
+  // kAuto takes only a GPU, so tests on PoCL's CPU device reach the fallback this way.
+  absl::Status FallBackToCpuForTesting();
+  // Batches the device ran to the end (tests: the device is used again after a fallback).
+  uint64_t DeviceBatchesForTesting() const { return device_batches_; }
 
  protected:
   DecoderModel(format::ModelSpec spec, int threads);
@@ -162,6 +191,8 @@ class DecoderModel : public Model {
   std::unique_ptr<OpenClDecoder> opencl_;
   bool fallback_to_cpu_ = false;
   BackendStats backend_;
+  uint64_t device_batches_ = 0;       // batches the device ran to the end
+  int device_failures_in_a_row_ = 0;  // kAuto: reset by a device batch that succeeds
 };
 
 // The pre-norm block every supported architecture uses: x += Attention(Norm(x));

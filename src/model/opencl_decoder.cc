@@ -124,6 +124,9 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   void Invalidate(uint64_t kv_id, int64_t from) override {
     if (kv_id == kv_id_) kv_valid_ = std::min(kv_valid_, from);
   }
+  void InjectFailureForTesting(const DeviceFailureForTesting& failure) override {
+    failure_ = failure;
+  }
 
  private:
   absl::StatusOr<BufferRef> Get(Slot slot, size_t bytes) {
@@ -145,6 +148,9 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   absl::Status RunF32Experts(const DevLayer& l, int64_t n, int k, BufferRef cur,
                              BufferRef experts, BufferRef weights, BufferRef out);
 
+  // Whether this ForwardBatch call is one an injected failure fails (counts the call).
+  bool TakeInjectedFailure();
+
   int64_t KeyWidth() const { return int64_t{spec_.n_head_kv} * spec_.head_dim_k; }
   int64_t ValueWidth() const { return int64_t{spec_.n_head_kv} * spec_.head_dim_v; }
 
@@ -162,7 +168,20 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   uint64_t kv_id_ = 0;
   int kv_capacity_ = 0;
   int64_t kv_valid_ = 0;
+  // Tests: the injected failure (times == 0: none) and whether the running call fails.
+  DeviceFailureForTesting failure_{.after_calls = 0, .layer = 0, .cl_error = 0, .times = 0};
+  bool fail_this_call_ = false;
 };
+
+bool OpenClDecoderImpl::TakeInjectedFailure() {
+  if (failure_.times == 0) return false;
+  if (failure_.after_calls > 0) {
+    --failure_.after_calls;
+    return false;
+  }
+  if (failure_.times > 0) --failure_.times;
+  return true;
+}
 
 absl::Status OpenClDecoderImpl::SelfTest() {
   // An fp32 GEMV with a K tail against model::Dot: the kernel compiles, runs and sums
@@ -431,6 +450,12 @@ absl::Status OpenClDecoderImpl::RunLayer(int il, int64_t n, int64_t pos0, Buffer
   MOERT_ASSIGN_OR_RETURN(BufferRef out, Get(kOut, static_cast<size_t>(n * e) * 4));
   MOERT_RETURN_IF_ERROR(cl::RmsNorm(*device_, x, n, e, l.attn_norm, spec_.rms_eps, cur));
   MOERT_RETURN_IF_ERROR(RunAttention(il, n, pos0, cur, out));
+  // An injected failure (tests) strikes here: earlier layers and this layer's attention
+  // are enqueued (its new K/V rows written on the device, not yet on the host), as
+  // when a real enqueue of the residual add fails.
+  if (fail_this_call_ && il == std::clamp(failure_.layer, 0, static_cast<int>(spec_.n_layer) - 1)) {
+    return cl::ClStatus(failure_.cl_error, "clEnqueueNDRangeKernel(add_inplace)");
+  }
   MOERT_RETURN_IF_ERROR(cl::AddInPlace(*device_, x, out, n * e));
   MOERT_RETURN_IF_ERROR(cl::RmsNorm(*device_, x, n, e, l.ffn_norm, spec_.rms_eps, cur));
   MOERT_RETURN_IF_ERROR(spec_.is_moe() ? RunMoe(l, n, cur, out) : RunDenseFfn(l, n, cur, out));
@@ -442,10 +467,13 @@ absl::Status OpenClDecoderImpl::ForwardBatch(std::span<const int32_t> tokens, in
                                              float* logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t e = spec_.n_embd;
+  fail_this_call_ = TakeInjectedFailure();
+  // Positions >= pos0 on the device are about to be overwritten: from here on, a
+  // failure at any point leaves the device copy valid below pos0 at most, so the next
+  // call uploads whatever the host cache holds from pos0 (a CPU fallback's rows).
+  if (kv.id == kv_id_) kv_valid_ = std::min(kv_valid_, pos0);
   absl::Status status = [&]() -> absl::Status {
     MOERT_RETURN_IF_ERROR(SyncKv(kv, pos0));
-    // Positions >= pos0 on the device are about to be overwritten.
-    kv_valid_ = std::min(kv_valid_, pos0);
     std::vector<float> x_host(static_cast<size_t>(n * e));
     for (int64_t t = 0; t < n; ++t) {
       const float* row = view_.token_embd->row(tokens[static_cast<size_t>(t)]);

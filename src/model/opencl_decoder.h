@@ -59,6 +59,10 @@ class OpenClDecoder {
                                     float* logits) = 0;
   // The host cache `kv_id` changed (the CPU wrote it) at positions >= from.
   virtual void Invalidate(uint64_t kv_id, int64_t from) = 0;
+
+  // Tests: later ForwardBatch calls fail part-way as a real device failure would (see
+  // DeviceFailureForTesting); replaces an earlier injection.
+  virtual void InjectFailureForTesting(const DeviceFailureForTesting& failure) = 0;
 };
 
 struct OpenClDecoderOptions {
