@@ -1,6 +1,10 @@
 // The expert pool (BuddyAllocator + Defragmenter in a TieredPool) against malloc/free on
 // the churn of a 64-expert model behind an LRU cache with the same byte budget: allocation
 // latency, fragmentation and resident memory, as Google Benchmark counters.
+// BM_ChurnBuddyDefrag/paired:P/co:C compares co-placement (memory/co_placement.h) off and
+// on, over the independent trace (P = 0) and one where experts come in pairs that are
+// mostly routed together (P = 1): mean fragmentation, defragmentation bytes moved and
+// allocations that failed (each cost an eviction).
 // Run: <build>/bin/moert-bench-memory [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <malloc.h>
@@ -14,9 +18,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "memory/co_placement.h"
 #include "memory/defragmenter.h"
 #include "memory/tiered_pool.h"
 
@@ -29,16 +35,25 @@ constexpr int kSteps = 10000;
 
 // The same trace as tests/memory/defragmenter_test.cc (ChurnOfA64ExpertModel): 64 experts
 // of 0.75/1.5/3/6 MiB, top-4 routing over a Zipf-like popularity that drifts every 100 steps.
+// Paired: experts 2i and 2i+1 have the same size (as the experts of one layer do) and a
+// routed expert brings its pair along with probability kPairProbability (when the step has
+// room); the unpaired trace is unchanged.
+constexpr double kPairProbability = 0.9;
+
 struct ChurnTrace {
   std::vector<uint64_t> expert_bytes;
   std::vector<std::vector<int>> steps;
 };
 
-ChurnTrace MakeChurnTrace(uint64_t seed, int steps) {
+ChurnTrace MakeChurnTrace(uint64_t seed, int steps, bool paired) {
   ChurnTrace trace;
   std::mt19937_64 rng(seed);
   const uint64_t sizes[] = {768 * kKiB, 1536 * kKiB, 3 * kMiB, 6 * kMiB};
   for (int e = 0; e < 64; ++e) trace.expert_bytes.push_back(sizes[rng() % 4]);
+  if (paired) {
+    for (size_t e = 1; e < 64; e += 2) trace.expert_bytes[e] = trace.expert_bytes[e - 1];
+  }
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
   std::vector<int> rank(64);
   for (int e = 0; e < 64; ++e) rank[static_cast<size_t>(e)] = e;
   std::shuffle(rank.begin(), rank.end(), rng);
@@ -52,16 +67,23 @@ ChurnTrace MakeChurnTrace(uint64_t seed, int steps) {
     std::vector<int> chosen;
     while (chosen.size() < 4) {
       const int e = rank[static_cast<size_t>(pick(rng))];
-      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      if (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) continue;
+      chosen.push_back(e);
+      const int pair = e ^ 1;
+      if (paired && chosen.size() < 4 && coin(rng) < kPairProbability &&
+          std::find(chosen.begin(), chosen.end(), pair) == chosen.end()) {
+        chosen.push_back(pair);
+      }
     }
     trace.steps.push_back(chosen);
   }
   return trace;
 }
 
-const ChurnTrace& Trace() {
-  static const ChurnTrace trace = MakeChurnTrace(42, kSteps);
-  return trace;
+const ChurnTrace& Trace(bool paired = false) {
+  static const ChurnTrace independent = MakeChurnTrace(42, kSteps, /*paired=*/false);
+  static const ChurnTrace pairs = MakeChurnTrace(42, kSteps, /*paired=*/true);
+  return paired ? pairs : independent;
 }
 
 uint64_t ResidentBytes() {
@@ -94,10 +116,10 @@ struct Latencies {
 
 // LRU cache driver shared by both allocators. `Policy` has: bool Allocate(int expert,
 // uint64_t bytes) (false: the cache must evict), void Free(int expert), uint8_t* Data(int),
-// void Pin(int) / Unpin(int), and a step hook.
+// void Pin(int) / Unpin(int), and a step hook that sees the step's experts.
 template <typename Policy>
-void RunChurn(Policy& policy, Latencies& latencies, uint64_t& peak_rss, uint64_t& evictions) {
-  const ChurnTrace& trace = Trace();
+void RunChurn(const ChurnTrace& trace, Policy& policy, Latencies& latencies, uint64_t& peak_rss,
+              uint64_t& evictions) {
   std::vector<bool> resident(64, false);
   std::list<int> lru;
   const uint64_t rss_before = ResidentBytes();
@@ -131,27 +153,49 @@ void RunChurn(Policy& policy, Latencies& latencies, uint64_t& peak_rss, uint64_t
       policy.Pin(e);
     }
     for (int e : step) policy.Unpin(e);
-    policy.AfterStep();
+    policy.AfterStep(step);
     const uint64_t rss = ResidentBytes();
     peak_rss = std::max(peak_rss, rss - std::min(rss, rss_before));
   }
 }
 
+// The pool as the expert cache drives it, co-placement included: the step's experts are one
+// co-use group, and a new block goes to the free buddy of a resident partner when there is
+// one (ExpertCache::AllocateNextToPartner).
 struct BuddyPolicy {
-  explicit BuddyPolicy(moert::memory::TieredPool* p)
-      : pool(p), owner(p->expert_allocator().pool_bytes() / min_block(), -1) {}
+  BuddyPolicy(moert::memory::TieredPool* p, bool co)
+      : pool(p), owner(p->expert_allocator().pool_bytes() / min_block(), -1), co_placement(co) {}
 
   moert::memory::TieredPool* pool;
   moert::memory::Defragmenter defrag;
+  std::vector<int> owner;  // expert by offset / min block
+  bool co_placement;
+  moert::memory::CoUseCounts co_use{64};
+  std::vector<bool> live = std::vector<bool>(64, false);
+  uint64_t co_placed = 0;
+  uint64_t failed_allocations = 0;  // Allocate calls that returned false (the cache evicts)
   std::vector<uint64_t> offset = std::vector<uint64_t>(64, 0);
   std::vector<int> pins = std::vector<int>(64, 0);
-  std::vector<int> owner;  // expert by offset / min block
   double fragmentation_sum = 0;
   double fragmentation_max = 0;
   double after_defrag_max = 0;
   uint64_t steps = 0;
 
   bool Allocate(int e, uint64_t bytes) {
+    if (co_placement) {
+      std::vector<uint64_t> partners;
+      for (int p : co_use.Partners(e)) {
+        if (live[static_cast<size_t>(p)]) partners.push_back(offset[static_cast<size_t>(p)]);
+      }
+      if (std::optional<uint64_t> at =
+              moert::memory::BuddyOfPartner(pool->expert_allocator(), bytes, partners)) {
+        if (pool->AllocateExpertAt(*at, bytes).ok()) {
+          ++co_placed;
+          Placed(e, *at);
+          return true;
+        }
+      }
+    }
     const uint64_t runs = defrag.stats().runs;
     auto block = defrag.AllocateExpert(*pool, bytes, [&](uint64_t from, uint64_t to, uint64_t) {
       const int moved = owner[from / min_block()];
@@ -161,13 +205,23 @@ struct BuddyPolicy {
     if (defrag.stats().runs != runs) {
       after_defrag_max = std::max(after_defrag_max, pool->expert_allocator().fragmentation());
     }
-    if (!block.ok()) return false;
-    offset[static_cast<size_t>(e)] = block->offset;
-    owner[block->offset / min_block()] = e;
+    if (!block.ok()) {
+      ++failed_allocations;
+      return false;
+    }
+    Placed(e, block->offset);
     return true;
   }
+  void Placed(int e, uint64_t at) {
+    offset[static_cast<size_t>(e)] = at;
+    owner[at / min_block()] = e;
+    live[static_cast<size_t>(e)] = true;
+  }
   uint64_t min_block() const { return pool->expert_allocator().min_block_bytes(); }
-  void Free(int e) { pool->FreeExpert(offset[static_cast<size_t>(e)]); }
+  void Free(int e) {
+    pool->FreeExpert(offset[static_cast<size_t>(e)]);
+    live[static_cast<size_t>(e)] = false;
+  }
   uint8_t* Data(int e) { return pool->ExpertData(offset[static_cast<size_t>(e)]); }
   bool Pinned(int e) const { return pins[static_cast<size_t>(e)] != 0; }
   void Pin(int e) {
@@ -178,7 +232,8 @@ struct BuddyPolicy {
     --pins[static_cast<size_t>(e)];
     pool->UnpinExpert(offset[static_cast<size_t>(e)]);
   }
-  void AfterStep() {
+  void AfterStep(const std::vector<int>& step) {
+    if (co_placement) co_use.AddGroup(step);
     const double f = pool->expert_allocator().fragmentation();
     fragmentation_sum += f;
     fragmentation_max = std::max(fragmentation_max, f);
@@ -195,13 +250,15 @@ void BM_ChurnBuddyDefrag(benchmark::State& state) {
       state.SkipWithError(std::string(pool.status().message()).c_str());
       return;
     }
-    BuddyPolicy policy(pool->get());
+    BuddyPolicy policy(pool->get(), /*co=*/state.range(1) != 0);
     Latencies latencies;
     uint64_t peak_rss = 0, evictions = 0;
-    RunChurn(policy, latencies, peak_rss, evictions);
+    RunChurn(Trace(state.range(0) != 0), policy, latencies, peak_rss, evictions);
     latencies.Report(state);
     const auto& d = policy.defrag.stats();
     state.counters["evictions"] = static_cast<double>(evictions);
+    state.counters["failed_allocs"] = static_cast<double>(policy.failed_allocations);
+    state.counters["co_placed"] = static_cast<double>(policy.co_placed);
     state.counters["defrag_runs"] = static_cast<double>(d.runs);
     state.counters["defrag_failed"] = static_cast<double>(d.failed_runs);
     state.counters["moved_MiB"] = static_cast<double>(d.bytes_moved) / kMiB;
@@ -214,7 +271,11 @@ void BM_ChurnBuddyDefrag(benchmark::State& state) {
     state.counters["peak_rss_MiB"] = static_cast<double>(peak_rss) / kMiB;
   }
 }
-BENCHMARK(BM_ChurnBuddyDefrag)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ChurnBuddyDefrag)
+    ->ArgNames({"paired", "co"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // malloc/free with the same budget: the cache evicts while the requested bytes (not rounded:
 // malloc does not round to powers of two) would exceed it. Fragmentation is glibc's free
@@ -245,7 +306,7 @@ struct MallocPolicy {
   bool Pinned(int e) const { return pins[static_cast<size_t>(e)] != 0; }
   void Pin(int e) { ++pins[static_cast<size_t>(e)]; }
   void Unpin(int e) { --pins[static_cast<size_t>(e)]; }
-  void AfterStep() {
+  void AfterStep(const std::vector<int>&) {
     const struct mallinfo2 info = mallinfo2();
     const double free_bytes = static_cast<double>(info.fordblks);
     const double f = free_bytes / (free_bytes + static_cast<double>(live));
@@ -260,7 +321,7 @@ void BM_ChurnMalloc(benchmark::State& state) {
     MallocPolicy policy;
     Latencies latencies;
     uint64_t peak_rss = 0, evictions = 0;
-    RunChurn(policy, latencies, peak_rss, evictions);
+    RunChurn(Trace(), policy, latencies, peak_rss, evictions);
     latencies.Report(state);
     for (int e = 0; e < 64; ++e) {
       if (policy.bytes[static_cast<size_t>(e)] != 0) policy.Free(e);  // leave nothing behind

@@ -173,14 +173,57 @@ void ExpertCache::OnMove(uint64_t from, uint64_t to) {
   entries_[index].offset = to;
 }
 
-absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info) {
+void ExpertCache::NoteUse(int layer, int expert) {
+  if (!options_.co_placement || directory_.n_expert() > memory::CoUseCounts::kMaxItems) return;
+  if (layer != group_layer_ || step_ != group_step_) {
+    CloseCoUseGroup();
+    group_layer_ = layer;
+    group_step_ = step_;
+  }
+  if (std::find(group_.begin(), group_.end(), expert) == group_.end()) group_.push_back(expert);
+}
+
+void ExpertCache::CloseCoUseGroup() {
+  if (group_layer_ >= 0 && !group_.empty()) {
+    co_use_.resize(static_cast<size_t>(directory_.n_layer()));
+    std::unique_ptr<memory::CoUseCounts>& counts = co_use_[static_cast<size_t>(group_layer_)];
+    if (counts == nullptr) {
+      counts = std::make_unique<memory::CoUseCounts>(directory_.n_expert(), options_.co_use);
+    }
+    counts->AddGroup(group_);
+  }
+  group_.clear();
+}
+
+std::optional<memory::Block> ExpertCache::AllocateNextToPartner(const ExpertInfo& info) {
+  if (!options_.co_placement || static_cast<size_t>(info.layer) >= co_use_.size() ||
+      co_use_[static_cast<size_t>(info.layer)] == nullptr) {
+    return std::nullopt;
+  }
+  std::vector<uint64_t> offsets;
+  for (int partner : co_use_[static_cast<size_t>(info.layer)]->Partners(info.expert)) {
+    const Entry& e = entries_[Index(info.layer, partner)];
+    if (e.resident || e.loading) offsets.push_back(e.offset);
+  }
+  const std::optional<uint64_t> at =
+      memory::BuddyOfPartner(pool_->expert_allocator(), info.runtime_bytes, offsets);
+  if (!at) return std::nullopt;
+  // A failure here (committing the pages) is left to the ordinary path to report.
+  absl::StatusOr<memory::Block> block = pool_->AllocateExpertAt(*at, info.runtime_bytes);
+  if (!block.ok()) return std::nullopt;
+  ++counters_.co_placed;
+  return *block;
+}
+
+absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info, bool wait) {
   while (true) {
+    if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
     absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
         *pool_, info.runtime_bytes,
         [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
     if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
     if (EvictOne()) continue;
-    if (!in_flight_.empty()) {
+    if (wait && !in_flight_.empty()) {
       // Prefetched blocks are pinned while they load: wait, then they may go.
       Drain();
       continue;
@@ -197,26 +240,48 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info)
 
 absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
   MOERT_RETURN_IF_ERROR(CheckExpert(layer, expert));
+  NoteUse(layer, expert);
   const size_t index = Index(layer, expert);
   const ExpertInfo& info = directory_.info(layer, expert);
   Entry& entry = entries_[index];
   Poll();
   if (entry.loading) {
-    // A prefetch that has not finished: wait for it rather than read twice.
+    // A prefetch or StartLoad that has not finished: wait for it rather than read twice.
     const uint64_t start = NowNs();
+    const bool needed = entry.needed;
+    const bool promoted = entry.promoted;
     Collect(index);
     counters_.stall_ns += NowNs() - start;
     if (entry.resident) {
       ++counters_.misses;
       ++counters_.loads_waited;
-      ++counters_.prefetch_late;
+      if (!needed || promoted) ++counters_.prefetch_late;
+      if (needed) {
+        entry.needed = false;  // StartLoad's pin is this Acquire's
+        entry.promoted = false;
+      } else {
+        ++entry.pins;
+        pool_->PinExpert(entry.offset);
+      }
       entry.prefetched = false;
       Touch(entry);
-      ++entry.pins;
-      pool_->PinExpert(entry.offset);
       return View(info, entry);
     }
-    // The prefetch failed: a synchronous load below.
+    // The load failed: a synchronous load below.
+  }
+  if (entry.resident && entry.needed) {
+    // StartLoad's load finished while the layer's other experts computed.
+    if (entry.promoted) {
+      ++counters_.hits;  // a prefetch in time for the compute
+      ++counters_.loads_hidden;
+    } else {
+      ++counters_.misses;
+      ++counters_.streamed_hidden;
+    }
+    entry.needed = false;  // its pin is this Acquire's
+    entry.promoted = false;
+    Touch(entry);
+    return View(info, entry);
   }
   if (entry.resident) {
     ++counters_.hits;
@@ -275,6 +340,10 @@ ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
   const ExpertInfo& info = directory_.info(layer, expert);
   absl::StatusOr<memory::Block> block;
   while (true) {
+    if (std::optional<memory::Block> near = AllocateNextToPartner(info)) {
+      block = *near;
+      break;
+    }
     block = pool_->AllocateExpert(info.runtime_bytes);
     if (block.ok()) break;
     if (!absl::IsResourceExhausted(block.status()) || !EvictOneForPrefetch()) {
@@ -303,17 +372,82 @@ void ExpertCache::Collect(size_t index) {
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), index));
   ++counters_.loads;
   counters_.bytes_loaded += result.bytes_read;
-  pool_->UnpinExpert(entry.offset);
   if (!result.status.ok()) {
     ++counters_.failed_loads;
-    ++counters_.prefetch_failed;
+    if (!entry.needed || entry.promoted) ++counters_.prefetch_failed;
+    entry.needed = false;
+    entry.promoted = false;
+    pool_->UnpinExpert(entry.offset);
     pool_->FreeExpert(entry.offset);
     return;
   }
   if (!entry.checksum) entry.checksum = result.checksum;
   MarkResident(index, entry.offset);
+  if (entry.needed) {
+    entry.pins = 1;  // held for the Acquire that follows (the block stays pinned)
+    return;
+  }
+  pool_->UnpinExpert(entry.offset);
   entry.prefetched = true;
   entry.prefetch_step = step_;
+}
+
+bool ExpertCache::CancelPrefetch(int layer, int expert) {
+  if (!CheckExpert(layer, expert).ok()) return false;
+  const size_t index = Index(layer, expert);
+  Entry& entry = entries_[index];
+  if (!entry.loading || entry.needed || !loader_->Cancel(entry.ticket)) return false;
+  entry.ticket.reset();
+  entry.loading = false;
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), index));
+  pool_->UnpinExpert(entry.offset);
+  pool_->FreeExpert(entry.offset);
+  ++counters_.prefetch_cancelled;
+  return true;
+}
+
+bool ExpertCache::StartLoad(int layer, int expert) {
+  if (!CheckExpert(layer, expert).ok()) return false;
+  Poll();
+  const size_t index = Index(layer, expert);
+  Entry& entry = entries_[index];
+  if (entry.resident || entry.needed) return false;
+  if (entry.loading) {  // a prefetch: first in line now
+    loader_->Promote(entry.ticket);
+    entry.promoted = true;
+  } else {
+    const ExpertInfo& info = directory_.info(layer, expert);
+    absl::StatusOr<memory::Block> block = AllocateBlock(info, /*wait=*/false);
+    if (!block.ok()) return false;
+    pool_->PinExpert(block->offset);  // the defragmenter keeps off a block being loaded
+    entry.loading = true;
+    entry.offset = block->offset;
+    entry.ticket = loader_->Submit(info, pool_->ExpertData(block->offset), entry.checksum,
+                                   /*urgent=*/true);
+    in_flight_.push_back(index);
+    ++counters_.streamed;
+  }
+  entry.needed = true;
+  started_.push_back(index);
+  return true;
+}
+
+void ExpertCache::BeginStep() {
+  ++step_;
+  Poll();
+  // Experts StartLoad loaded that no Acquire took (a forward pass that failed part-way).
+  for (size_t index : started_) {
+    Entry& entry = entries_[index];
+    if (!entry.needed) continue;
+    if (entry.loading) Collect(index);
+    if (entry.needed && entry.resident) {
+      entry.pins = 0;
+      pool_->UnpinExpert(entry.offset);
+    }
+    entry.needed = false;
+    entry.promoted = false;
+  }
+  started_.clear();
 }
 
 void ExpertCache::Poll() {
@@ -349,6 +483,13 @@ const std::vector<uint64_t>& ExpertCache::residency(int layer) const {
 
 uint64_t ExpertCache::uses(int layer, int expert) const {
   return CheckExpert(layer, expert).ok() ? entries_[Index(layer, expert)].uses : 0;
+}
+
+std::optional<uint64_t> ExpertCache::BlockOffset(int layer, int expert) const {
+  if (!CheckExpert(layer, expert).ok()) return std::nullopt;
+  const Entry& e = entries_[Index(layer, expert)];
+  if (!e.resident && !e.loading) return std::nullopt;
+  return e.offset;
 }
 
 void ExpertCache::EvictAll() {

@@ -34,6 +34,14 @@
 // resident: Acquire then loads it synchronously and reports only that load's error.
 // Acquire's own loads go to the front of the loader's queue.
 //
+// Co-placement (memory/co_placement.h; option co_placement): the cache learns, per
+// layer, which experts are acquired in the same step (one forward pass of the layer: a
+// token's top-k, or a batch's distinct experts) and places a newly loaded expert in the
+// free buddy block of a resident partner (one used in at least half of its steps), so
+// that the pair's blocks merge when both are evicted. It only picks among free blocks of
+// the order needed, so it never changes which experts are resident nor their bytes.
+// Layers of more than 256 experts are not tracked.
+//
 // Checksums: known from the file's metadata, else computed on the first load of an
 // expert and verified on every later load of it. A failed load leaves the expert not
 // resident and the cache usable.
@@ -57,6 +65,7 @@
 #include "experts/expert_directory.h"
 #include "experts/hot_set.h"
 #include "experts/loader.h"
+#include "memory/co_placement.h"
 #include "memory/defragmenter.h"
 #include "memory/tiered_pool.h"
 
@@ -71,6 +80,14 @@ struct ExpertCacheOptions {
   double frequency_half_life_steps = 8;
   LoaderOptions loader;
   memory::DefragmenterOptions defrag;
+  // Place experts used together in buddy blocks (see the class comment). Off by default:
+  // on the churn traces of moert-bench-memory (BM_ChurnBuddyDefrag/paired:1/co:1) it
+  // changed fragmentation and defragmentation by under 0.3%, either way. The buddy
+  // allocator's LIFO free lists already put experts loaded one after another in buddy
+  // blocks, and with a full pool the defragmenter runs after the first eviction, before
+  // the partner would be evicted too. Outputs are the same either way.
+  bool co_placement = false;
+  memory::CoUseOptions co_use;
 };
 
 struct ExpertCacheStats {
@@ -91,9 +108,15 @@ struct ExpertCacheStats {
   uint64_t prefetch_late = 0;      // of those, prefetches still loading at Acquire
   uint64_t prefetch_unused = 0;    // prefetched experts evicted before any use
   uint64_t prefetch_failed = 0;    // prefetches whose load failed
+  uint64_t prefetch_cancelled = 0; // prefetches dropped before their read started
+  // Streaming (StartLoad): a layer's misses loading while its other experts compute.
+  uint64_t streamed = 0;           // loads StartLoad started (promoted prefetches not counted)
+  uint64_t streamed_hidden = 0;    // of those, finished before their Acquire (misses
+                                   // all the same: the layer had routed to them)
   uint64_t loads_in_flight = 0;    // now
   uint64_t defrag_runs = 0;
   uint64_t defrag_bytes_moved = 0;
+  uint64_t co_placed = 0;  // blocks allocated as the buddy of a partner's block
   // The pool now.
   uint64_t pool_bytes = 0;       // usable bytes of the expert tier
   uint64_t block_bytes = 0;      // the block one (largest) expert takes
@@ -130,10 +153,7 @@ class ExpertCache {
 
   // The step clock of the lazy rule and the recency scores: one step per forward pass
   // (a decode step, or one micro-batch of a prefill).
-  void BeginStep() {
-    ++step_;
-    Poll();
-  }
+  void BeginStep();
   uint64_t step() const { return step_; }
 
   // Makes (layer, expert) resident and pins it; the weights stay valid until Release.
@@ -149,6 +169,8 @@ class ExpertCache {
   // Bit e of word e / 64: expert e of `layer` is resident.
   const std::vector<uint64_t>& residency(int layer) const;
   uint64_t uses(int layer, int expert) const;
+  // The pool offset of a resident (or loading) expert's block; nullopt otherwise.
+  std::optional<uint64_t> BlockOffset(int layer, int expert) const;
 
   // Evicts every unpinned expert (tests; giving memory back when idle).
   void EvictAll();
@@ -158,6 +180,20 @@ class ExpertCache {
   PrefetchResult Prefetch(int layer, int expert);
   // Whether (layer, expert) is being loaded by a prefetch.
   bool IsLoading(int layer, int expert) const;
+  // Drops a prefetch of (layer, expert) whose read has not started (its layer routed
+  // elsewhere): the block is freed. true when one was dropped.
+  bool CancelPrefetch(int layer, int expert);
+  // Streaming a layer's misses (the pipeline): starts the load of an expert needed now,
+  // at the front of the loader's queue, evicting like Acquire but never waiting (an
+  // expert a prefetch is loading is moved to the front instead). The block stays
+  // pinned for the Acquire that follows: Acquire waits for the load if it has not
+  // finished (a load waited for) or finds it done (streamed_hidden: hidden behind the
+  // compute of the layer's other experts); both are misses. A promoted prefetch counts
+  // as a prefetch: late if Acquire waits, hidden (a hit) if not. A failed load leaves the expert not
+  // resident and Acquire loads it synchronously. An expert started and never acquired
+  // is unpinned at the next BeginStep. false: nothing started (resident, invalid, or no
+  // block without waiting): Acquire loads it synchronously.
+  bool StartLoad(int layer, int expert);
   // Collects finished prefetches (never blocks).
   void Poll();
   // Waits for every prefetch in flight and collects it.
@@ -190,6 +226,8 @@ class ExpertCache {
     std::optional<uint64_t> checksum;
     bool loading = false;     // a prefetch is reading it into the block at `offset`
     bool prefetched = false;  // resident by a prefetch and not acquired since
+    bool needed = false;      // loading (or loaded) by StartLoad, pinned for Acquire
+    bool promoted = false;    // needed, and started as a prefetch
     uint64_t prefetch_step = 0;
     Loader::Ticket ticket;
   };
@@ -205,7 +243,8 @@ class ExpertCache {
   double Score(const Entry& entry) const;
   void Touch(Entry& entry);
   // A block for `info`, evicting and defragmenting as the class comment says.
-  absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info);
+  // wait: when nothing can be evicted, wait for the prefetches in flight (else fail).
+  absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info, bool wait = true);
   bool EvictOne();
   // Evicts one expert Prefetch may take (see the class comment); false: none.
   bool EvictOneForPrefetch();
@@ -215,6 +254,12 @@ class ExpertCache {
   void Collect(size_t index);
   void Evict(size_t index);
   void MarkResident(size_t index, uint64_t offset);
+  // Co-placement: adds `expert` to the group of (step, layer), first closing the previous
+  // group into its layer's counts when this is another step or layer.
+  void NoteUse(int layer, int expert);
+  void CloseCoUseGroup();
+  // The free buddy of a resident partner's block, allocated; nullopt when there is none.
+  std::optional<memory::Block> AllocateNextToPartner(const ExpertInfo& info);
   void OnMove(uint64_t from, uint64_t to);
 
   ExpertDirectory directory_;
@@ -227,8 +272,14 @@ class ExpertCache {
   absl::flat_hash_map<uint64_t, size_t> by_offset_;  // resident block offset -> entry
   uint64_t step_ = 0;
   uint64_t block_bytes_ = 0;
-  std::vector<size_t> in_flight_;  // entries a prefetch is loading
+  std::vector<size_t> in_flight_;  // entries a prefetch or StartLoad is loading
+  std::vector<size_t> started_;    // entries StartLoad started this step
   ExpertCacheStats counters_;  // the counting fields only
+  // Co-placement: per layer, made at the layer's first counted group.
+  std::vector<std::unique_ptr<memory::CoUseCounts>> co_use_;
+  int group_layer_ = -1;
+  uint64_t group_step_ = 0;
+  std::vector<int> group_;  // distinct experts acquired in (group_step_, group_layer_)
 };
 
 }  // namespace moert::experts

@@ -27,6 +27,7 @@ struct Loader::Job {
   std::optional<uint64_t> expected;
   LoadResult result;
   bool done = false;
+  bool urgent = false;
 };
 
 namespace {
@@ -181,9 +182,10 @@ Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
   job->info = &info;
   job->dst = dst;
   job->expected = expected_checksum;
+  job->urgent = urgent;
   std::unique_lock<std::mutex> lock(mu_);
   if (urgent) {
-    queue_.push_front(job);
+    queue_.insert(FirstNotUrgent(), job);
   } else {
     space_cv_.wait(lock, [&] { return queue_.size() < queue_capacity_; });
     queue_.push_back(job);
@@ -196,6 +198,29 @@ Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
 bool Loader::Done(const Ticket& ticket) const {
   std::lock_guard<std::mutex> lock(mu_);
   return ticket->done;
+}
+
+bool Loader::Cancel(const Ticket& ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = std::find(queue_.begin(), queue_.end(), ticket);
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  lock.unlock();
+  space_cv_.notify_one();
+  return true;
+}
+
+void Loader::Promote(const Ticket& ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find(queue_.begin(), queue_.end(), ticket);
+  if (it == queue_.end() || ticket->urgent) return;
+  queue_.erase(it);
+  ticket->urgent = true;
+  queue_.insert(FirstNotUrgent(), ticket);
+}
+
+std::deque<Loader::Ticket>::iterator Loader::FirstNotUrgent() {
+  return std::find_if(queue_.begin(), queue_.end(), [](const Ticket& t) { return !t->urgent; });
 }
 
 size_t Loader::queued() const {

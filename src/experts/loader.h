@@ -18,8 +18,9 @@
 //
 // Threads: Submit, Done and Wait are called from one owner thread (the expert cache's).
 // The destination bytes belong to the loader thread from Submit until Wait returns.
-// Loads run in queue order, except that an urgent load (one the compute thread waits
-// for) goes to the front, past queued prefetches.
+// Loads run in queue order, except that urgent loads (ones the compute thread waits
+// for) go before queued prefetches, in the order they were made urgent. A queued load
+// can be cancelled (a prefetch its layer no longer wants).
 #ifndef MOERT_EXPERTS_LOADER_H_
 #define MOERT_EXPERTS_LOADER_H_
 
@@ -91,12 +92,20 @@ class Loader {
 
   // Queues the load of `info` into `dst` (info.runtime_bytes writable bytes),
   // verified against `expected_checksum` when given. Blocks while the queue is full,
-  // unless `urgent`: an urgent load goes to the front of the queue at once (the queue
-  // then holds at most one more than its capacity: the owner waits for it).
+  // unless `urgent`: an urgent load goes in at once, after the urgent loads already
+  // queued and before every other (the queue may then hold more than its capacity: the
+  // owner waits for its urgent loads).
   Ticket Submit(const ExpertInfo& info, uint8_t* dst, std::optional<uint64_t> expected_checksum,
                 bool urgent = false);
   // Whether a submitted load has finished (never blocks).
   bool Done(const Ticket& ticket) const;
+  // Takes a load that has not started out of the queue: true when it was still queued
+  // (the ticket is then dead: never Wait on it, the destination was not touched); false
+  // when it has started or finished (Wait for it as usual).
+  bool Cancel(const Ticket& ticket);
+  // Makes a load that has not started urgent (queued as Submit queues urgent loads);
+  // nothing when it has started or is urgent already.
+  void Promote(const Ticket& ticket);
   // Waits for a submitted load and returns its result (once per ticket).
   LoadResult Wait(const Ticket& ticket);
   // Loads queued and not yet started.
@@ -129,6 +138,8 @@ class Loader {
                                               uint64_t* bytes_read);
   absl::Status SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
+  // Where the next urgent load goes in queue_ (mu_ held).
+  std::deque<Ticket>::iterator FirstNotUrgent();
 
   const ExpertDirectory& directory_;
   const IoMode requested_mode_;

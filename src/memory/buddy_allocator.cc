@@ -200,6 +200,23 @@ absl::StatusOr<Block> BuddyAllocator::AllocateAt(uint64_t offset, uint64_t bytes
   return Block{offset, size};
 }
 
+bool BuddyAllocator::InFreeBlock(uint32_t unit, int order) const {
+  for (int k = order; k <= max_order_; ++k) {
+    const uint32_t head = unit & ~((uint32_t{1} << k) - 1);
+    if (uint64_t{head} + (uint64_t{1} << k) > units_) return false;
+    if (IsFreeAt(head, k)) return true;
+  }
+  return false;
+}
+
+bool BuddyAllocator::IsFreeBlock(uint64_t offset, uint64_t bytes) const {
+  const int order = OrderFor(bytes);
+  if (order < 0) return false;
+  const uint64_t size = OrderBytes(order);
+  if (offset % size != 0 || offset >= pool_bytes() || size > pool_bytes() - offset) return false;
+  return InFreeBlock(static_cast<uint32_t>(offset >> min_shift_), order);
+}
+
 uint32_t BuddyAllocator::LiveUnit(uint64_t offset) const {
   if (offset % min_block_ != 0 || offset >= pool_bytes()) return kNil;
   const auto unit = static_cast<uint32_t>(offset >> min_shift_);
@@ -286,13 +303,7 @@ absl::Status BuddyAllocator::CanRelocate(uint64_t from, uint64_t to) const {
     return absl::InvalidArgumentError(StrCat("buddy allocator: a block of ", size,
                                              " bytes cannot move to offset ", to));
   }
-  // Free iff some enclosing aligned block of order >= `order` is on a free list.
-  const auto to_unit = static_cast<uint32_t>(to >> min_shift_);
-  for (int k = order; k <= max_order_; ++k) {
-    const uint32_t head = to_unit & ~((uint32_t{1} << k) - 1);
-    if (uint64_t{head} + (uint64_t{1} << k) > units_) break;
-    if (IsFreeAt(head, k)) return absl::OkStatus();
-  }
+  if (InFreeBlock(static_cast<uint32_t>(to >> min_shift_), order)) return absl::OkStatus();
   return absl::FailedPreconditionError(
       StrCat("buddy allocator: the ", size, " bytes at offset ", to, " are not free"));
 }

@@ -45,8 +45,8 @@ struct BuddyStats {
 //
 // Data structures: per order a bitmap of free blocks and an intrusive doubly-linked free list
 // whose links live in side arrays indexed by minimum-block number, so a specific block is
-// unlinked in O(1) when its buddy frees. Allocate, Free, AllocateAt and Relocate are
-// O(number of orders) = O(log(pool / min block)).
+// unlinked in O(1) when its buddy frees. Allocate, Free, AllocateAt, IsFreeBlock and Relocate
+// are O(number of orders) = O(log(pool / min block)).
 //
 // Pins: a pinned block (pin count > 0) is never moved by Relocate (and so never by the
 // Defragmenter). The expert cache pins experts a kernel is reading.
@@ -67,6 +67,9 @@ class BuddyAllocator {
   // wholly free). FailedPrecondition when that range is not free, InvalidArgument when
   // misaligned or outside the pool. Splits the enclosing free block around it.
   absl::StatusOr<Block> AllocateAt(uint64_t offset, uint64_t bytes);
+  // Whether AllocateAt(offset, bytes) would succeed now: the block of RoundUp(bytes) at
+  // `offset` is aligned, inside the pool and wholly free. Changes nothing. O(orders).
+  bool IsFreeBlock(uint64_t offset, uint64_t bytes) const;
 
   // Returns the live block starting at `offset` to the pool and merges it with free buddies.
   // An offset where no live block starts is a programmer error: debug builds abort with a
@@ -120,6 +123,9 @@ class BuddyAllocator {
   BuddyAllocator(uint64_t min_block, int min_shift, uint32_t units, int max_order);
 
   bool IsFreeAt(uint32_t unit, int order) const;
+  // Whether the aligned range of `order` at `unit` lies in some free block (of that order or
+  // an enclosing larger one).
+  bool InFreeBlock(uint32_t unit, int order) const;
   void InsertFree(uint32_t unit, int order);
   void RemoveFree(uint32_t unit, int order);
   void MarkLive(uint32_t unit, int order);

@@ -1,6 +1,7 @@
 # Sources of src/memory (paths relative to src/).
 list(APPEND MOERT_SOURCES
   memory/buddy_allocator.cc
+  memory/co_placement.cc
   memory/defragmenter.cc
   memory/tiered_pool.cc
 )

@@ -173,7 +173,14 @@ absl::StatusOr<uint8_t*> TieredPool::AllocatePersistent(uint64_t bytes, uint64_t
 // --- Expert pool.
 
 absl::StatusOr<Block> TieredPool::AllocateExpert(uint64_t bytes) {
-  absl::StatusOr<Block> block = experts_.Allocate(bytes);
+  return CommitExpert(experts_.Allocate(bytes));
+}
+
+absl::StatusOr<Block> TieredPool::AllocateExpertAt(uint64_t offset, uint64_t bytes) {
+  return CommitExpert(experts_.AllocateAt(offset, bytes));
+}
+
+absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block) {
   if (!block.ok()) {
     return absl::Status(block.status().code(),
                         StrCat("expert pool: ", std::string(block.status().message())));

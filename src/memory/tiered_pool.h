@@ -61,6 +61,9 @@ class TieredPool {
   // is freed or moved (MoveExpert, or the Defragmenter, which reports the new offset).
   // ExpertData turns one into a pointer. A fresh block reads as zeros.
   absl::StatusOr<Block> AllocateExpert(uint64_t bytes);
+  // The block at `offset` (BuddyAllocator::AllocateAt): placement chosen by the caller, such
+  // as next to the block of an expert used together with this one (memory/co_placement.h).
+  absl::StatusOr<Block> AllocateExpertAt(uint64_t offset, uint64_t bytes);
   void FreeExpert(uint64_t offset);  // programmer errors as BuddyAllocator::Free
   uint8_t* ExpertData(uint64_t offset) const { return expert_base_ + offset; }
   void PinExpert(uint64_t offset) { experts_.Pin(offset); }
@@ -98,6 +101,8 @@ class TieredPool {
   TieredPool(const TieredPoolOptions& options, uint64_t page, uint8_t* map, uint64_t map_bytes,
              BuddyAllocator experts);
 
+  // Commits the pages of a block the allocator just handed out (freeing it on failure).
+  absl::StatusOr<Block> CommitExpert(absl::StatusOr<Block> block);
   absl::Status Commit(uint8_t* p, uint64_t bytes, Tier tier);
   void Decommit(uint8_t* p, uint64_t bytes, Tier tier);
   // Page reference counts over the activation tier: pages are committed when the first

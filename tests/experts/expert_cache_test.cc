@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "experts/test_model.h"
@@ -214,6 +215,80 @@ TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
   Use(*cache, model, 1, 0);
   Use(*cache, model, 1, 2);
   EXPECT_EQ(cache->stats().misses, 5u);
+}
+
+// Co-placement: in a pool of four 128 KiB blocks, experts 3 and 5 of layer 0 are routed
+// together for four steps. Then 3 and 2 stay pinned while 1 and 6 fill the pool and leave:
+// the holes are 3's buddy and 2's buddy, the latter freed last (the one first fit takes).
+// 5 comes back (acquired, or prefetched), then 7, used alone. With co-placement 5 lands in
+// 3's buddy, so when 3 and 5 go their blocks merge; without it 7 takes 3's buddy and the
+// free space is two single blocks.
+void CoPlacementScenario(bool co_placement, bool prefetch) {
+  SCOPED_TRACE(::testing::Message() << "co_placement " << co_placement << " prefetch "
+                                    << prefetch);
+  TestModelOptions model_options;
+  model_options.n_expert = 8;
+  const TestModel model =
+      testing::WriteTestModel(testing::TempDir("co-placement"), "m.gguf", model_options);
+  constexpr uint64_t kBlock = 128 * kKiB;
+  ExpertCacheOptions options;
+  options.pool_bytes = 4 * kBlock;
+  options.co_placement = co_placement;
+  auto created = ExpertCache::Create(model.Directory(), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ExpertCache& cache = **created;
+  for (int i = 0; i < 4; ++i) {
+    cache.BeginStep();
+    Use(cache, model, 0, 3);
+    Use(cache, model, 0, 5);
+  }
+  cache.EvictAll();
+  cache.BeginStep();
+  ASSERT_TRUE(cache.Acquire(0, 3).ok());
+  Use(cache, model, 0, 1);
+  ASSERT_TRUE(cache.Acquire(0, 2).ok());
+  Use(cache, model, 0, 6);
+  ASSERT_EQ(cache.BlockOffset(0, 3), std::optional<uint64_t>(0));
+  ASSERT_EQ(cache.BlockOffset(0, 2), std::optional<uint64_t>(2 * kBlock));
+  cache.EvictAll();
+  EXPECT_EQ(cache.BlockOffset(0, 1), std::nullopt);
+
+  cache.BeginStep();
+  if (prefetch) {
+    ASSERT_EQ(cache.Prefetch(0, 5), ExpertCache::PrefetchResult::kStarted);
+    cache.Drain();
+  }
+  Use(cache, model, 0, 5);  // checks the bytes too
+  const std::optional<uint64_t> at = cache.BlockOffset(0, 5);
+  ASSERT_TRUE(at.has_value());
+  EXPECT_EQ(*at == (0 ^ kBlock), co_placement) << *at;
+  ASSERT_TRUE(cache.Acquire(0, 7).ok());
+  ExpertCacheStats s = cache.stats();
+  EXPECT_EQ(s.co_placed, co_placement ? 1u : 0u);
+  EXPECT_EQ(s.loads_hidden, prefetch ? 1u : 0u);
+  EXPECT_EQ(s.free_bytes, 0u);
+
+  // 3 and 5 go, 2 and 7 stay.
+  cache.Release(0, 3);
+  cache.EvictAll();
+  s = cache.stats();
+  EXPECT_FALSE(cache.IsResident(0, 3));
+  EXPECT_FALSE(cache.IsResident(0, 5));
+  EXPECT_EQ(s.free_bytes, 2 * kBlock);
+  EXPECT_EQ(s.largest_free_block, co_placement ? 2 * kBlock : kBlock);
+  EXPECT_EQ(s.fragmentation, co_placement ? 0.0 : 0.5);
+  cache.Release(0, 2);
+  cache.Release(0, 7);
+}
+
+TEST(ExpertCache, ExpertsUsedTogetherArePlacedAsBuddies) {
+  CoPlacementScenario(/*co_placement=*/true, /*prefetch=*/false);
+  CoPlacementScenario(/*co_placement=*/false, /*prefetch=*/false);
+}
+
+TEST(ExpertCache, PrefetchPlacesNextToAPartnerToo) {
+  CoPlacementScenario(/*co_placement=*/true, /*prefetch=*/true);
+  CoPlacementScenario(/*co_placement=*/false, /*prefetch=*/true);
 }
 
 TEST(ExpertCache, FailedLoadLeavesNothingBehind) {

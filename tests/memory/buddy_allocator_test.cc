@@ -171,6 +171,33 @@ TEST(BuddyAllocatorTest, AllocateAtRelocateAndPins) {
   EXPECT_EQ(a->live_blocks(), 1u);
 }
 
+TEST(BuddyAllocatorTest, AllocateAtSplitsTheEnclosingFreeBlock) {
+  auto a = BuddyAllocator::Create(16 * kMin, kMin);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->IsFreeBlock(5 * kMin, kMin));
+  EXPECT_FALSE(a->IsFreeBlock(5 * kMin, 2 * kMin));  // misaligned for its rounded size
+  ASSERT_TRUE(a->AllocateAt(5 * kMin, kMin).ok());
+  // 16 splits into 8 + 8, 4 + 4, 2 + 2 and 1 + 1 around unit 5; the rest stays free.
+  EXPECT_EQ(FreeBlocks(*a), (std::vector<Block>{{0, 4 * kMin},
+                                               {4 * kMin, kMin},
+                                               {6 * kMin, 2 * kMin},
+                                               {8 * kMin, 8 * kMin}}));
+  EXPECT_FALSE(a->IsFreeBlock(5 * kMin, kMin));
+  EXPECT_FALSE(a->IsFreeBlock(4 * kMin, 2 * kMin));  // holds the live block
+  EXPECT_TRUE(a->IsFreeBlock(4 * kMin, kMin));       // its buddy
+  EXPECT_TRUE(a->IsFreeBlock(8 * kMin, 5 * kMin));   // rounds to 8, wholly free
+  EXPECT_FALSE(a->IsFreeBlock(0, 0));
+  EXPECT_FALSE(a->IsFreeBlock(0, 17 * kMin));
+  // Its buddy taken by AllocateAt too: freeing both merges back to one block.
+  ASSERT_TRUE(a->AllocateAt(4 * kMin, kMin).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->AllocateAt(4 * kMin, kMin).status()));
+  EXPECT_EQ(a->stats().failed_allocations, 0u);  // not an exhaustion
+  a->Free(5 * kMin);
+  a->Free(4 * kMin);
+  EXPECT_EQ(FreeBlocks(*a), (std::vector<Block>{{0, 16 * kMin}}));
+  EXPECT_EQ(a->stats().allocations_by_order[0], 2u);
+}
+
 TEST(BuddyAllocatorTest, FreeingAnUnknownOffsetIsAProgrammerError) {
   auto a = BuddyAllocator::Create(8 * kMin, kMin);
   ASSERT_TRUE(a.ok());
@@ -282,9 +309,41 @@ TEST_P(BuddyAllocatorPropertyTest, RandomSequencesMatchOracle) {
     return it;
   };
   uint64_t failures = 0;
+  uint64_t placed = 0, not_placed = 0;  // AllocateAt outcomes
   for (int step = 0; step < 4000; ++step) {
     const int kind = op(rng);
-    if (kind < 55 || live.empty()) {
+    if (kind >= 45 && kind < 55) {
+      // AllocateAt (and IsFreeBlock) of a random aligned block: succeeds exactly when the
+      // oracle has the range wholly free, and then splits the enclosing free block.
+      const int order = static_cast<int>(rng() % static_cast<uint64_t>(a.max_order() + 1));
+      const uint64_t size = a.OrderBytes(order);
+      const uint64_t offset = rng() % (a.pool_bytes() / size) * size;
+      const uint64_t bytes = order == 0 ? 1 + rng() % size : size / 2 + 1 + rng() % (size / 2);
+      bool oracle_free = true;
+      auto next = live.lower_bound(offset);
+      if (next != live.end() && next->first < offset + size) oracle_free = false;
+      if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > offset) {
+        oracle_free = false;
+      }
+      ASSERT_EQ(a.IsFreeBlock(offset, bytes), oracle_free) << offset << " " << size;
+      // Misaligned or past the pool: never free, InvalidArgument, nothing changes.
+      if (order > 0) {
+        ASSERT_FALSE(a.IsFreeBlock(offset + kMin, bytes));
+        ASSERT_TRUE(absl::IsInvalidArgument(a.AllocateAt(offset + kMin, bytes).status()));
+      }
+      ASSERT_FALSE(a.IsFreeBlock(a.pool_bytes(), bytes));
+      ASSERT_TRUE(absl::IsInvalidArgument(a.AllocateAt(a.pool_bytes(), bytes).status()));
+      auto block = a.AllocateAt(offset, bytes);
+      if (oracle_free) {
+        ASSERT_TRUE(block.ok()) << block.status();
+        ASSERT_EQ(*block, (Block{offset, size}));
+        live[offset] = size;
+        ++placed;
+      } else {
+        ASSERT_TRUE(absl::IsFailedPrecondition(block.status())) << block.status();
+        ++not_placed;
+      }
+    } else if (kind < 55 || live.empty()) {
       const auto bytes = std::max<uint64_t>(1, static_cast<uint64_t>(std::exp2(log_size(rng))));
       const uint64_t oracle_largest =
           OracleLargestFree(live, a.pool_bytes(), a.min_block_bytes(), a.max_order());
@@ -333,6 +392,8 @@ TEST_P(BuddyAllocatorPropertyTest, RandomSequencesMatchOracle) {
   for (const auto& [offset, size] : live) oracle_live.push_back(Block{offset, size});
   EXPECT_EQ(LiveBlocks(a), oracle_live);
   EXPECT_GT(failures, 0u);  // the sequence did reach exhaustion
+  EXPECT_GT(placed, 0u);    // and AllocateAt both succeeded and was refused
+  EXPECT_GT(not_placed, 0u);
   EXPECT_EQ(a.stats().failed_allocations, failures);
   // Everything freed merges back to the original blocks.
   for (const auto& [offset, size] : live) a.Free(offset);
