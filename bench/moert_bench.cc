@@ -502,6 +502,9 @@ struct TestResult {
   double prefetch_recall = 0;
   uint64_t loads_hidden = 0;
   uint64_t loads_waited = 0;
+  uint64_t loads_streamed = 0;     // a layer's misses loading while its experts compute
+  uint64_t streamed_hidden = 0;    // of those, in before their turn
+  uint64_t prefetch_cancelled = 0; // prefetches dropped unread (the layer routed elsewhere)
   uint64_t prefetch_backed_off = 0;
 
   int n_tokens() const { return n_prompt + n_gen; }
@@ -579,6 +582,9 @@ class Bench {
     r.prefetch_depth = r.memory.prefetch_depth;
     r.loads_hidden = a.loads_hidden - b.loads_hidden;
     r.loads_waited = a.loads_waited - b.loads_waited;
+    r.loads_streamed = a.streamed - b.streamed;
+    r.streamed_hidden = a.streamed_hidden - b.streamed_hidden;
+    r.prefetch_cancelled = a.prefetch_cancelled - b.prefetch_cancelled;
     {
       const moert::pipeline::PrefetchStats& pa = r.memory.prefetcher;
       const moert::pipeline::PrefetchStats& pb = before.prefetcher;
@@ -741,6 +747,9 @@ class JsonPrinter : public Printer {
         {"prefetch_recall", absl::StrFormat("%.6f", r.prefetch_recall)},
         {"loads_hidden", StrCat(r.loads_hidden)},
         {"loads_waited", StrCat(r.loads_waited)},
+        {"loads_streamed", StrCat(r.loads_streamed)},
+        {"streamed_hidden", StrCat(r.streamed_hidden)},
+        {"prefetch_cancelled", StrCat(r.prefetch_cancelled)},
     };
     std::vector<std::string> ts_text;
     for (double t : ts) ts_text.push_back(absl::StrFormat("%.6f", t));
@@ -982,12 +991,16 @@ int Run(const Params& p) {
         if (result->prefetch) {
           std::fprintf(stderr,
                        "%s: %s: prefetch depth %d: precision %.3f, recall %.3f, %llu loads hidden, "
-                       "%llu waited for, %llu backed off\n",
+                       "%llu waited for, %llu backed off, %llu cancelled; %llu misses "
+                       "streamed, %llu of them in before their turn\n",
                        kTool, name.c_str(), result->prefetch_depth, result->prefetch_precision,
                        result->prefetch_recall,
                        static_cast<unsigned long long>(result->loads_hidden),
                        static_cast<unsigned long long>(result->loads_waited),
-                       static_cast<unsigned long long>(result->prefetch_backed_off));
+                       static_cast<unsigned long long>(result->prefetch_backed_off),
+                       static_cast<unsigned long long>(result->prefetch_cancelled),
+                       static_cast<unsigned long long>(result->loads_streamed),
+                       static_cast<unsigned long long>(result->streamed_hidden));
         }
       }
       printer->Test(*result);

@@ -419,7 +419,7 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
     }
   };
 
-  for (int e : distinct) {
+  const auto acquire = [&](int e) -> absl::Status {
     absl::StatusOr<backend::FfnView> acquired = cache.Acquire(w.layer, e);
     if (!acquired.ok() && absl::IsResourceExhausted(acquired.status()) && !subset.empty()) {
       // The pool is full of this batch's pinned experts: run them, let them go, go on.
@@ -434,8 +434,52 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
     }
     views[static_cast<size_t>(e)] = *acquired;
     subset.push_back(e);
+    return absl::OkStatus();
+  };
+
+  if (w.prefetcher != nullptr) {
+    // The pipeline. Prefetches of this layer the router did not choose and whose read
+    // has not started are dropped (the loader's time goes to the misses instead).
+    std::vector<bool> wanted(static_cast<size_t>(w.n_expert), false);
+    for (int e : distinct) wanted[static_cast<size_t>(e)] = true;
+    for (int e = 0; e < w.n_expert; ++e) {
+      if (!wanted[static_cast<size_t>(e)] && cache.IsLoading(w.layer, e)) {
+        cache.CancelPrefetch(w.layer, e);
+      }
+    }
+    // The hits are pinned first; then every miss starts loading (in order, before the
+    // next layer's prefetches), and each expert computes as soon as its weights are in
+    // while the ones after it load: one slot computing, one filling. The outputs are
+    // the ones computed in one go (run_subset computes each pair as the whole batch
+    // would, and the sum below is in slot order).
+    size_t first_miss = 0;
+    while (first_miss < distinct.size() && cache.IsResident(w.layer, distinct[first_miss])) {
+      MOERT_RETURN_IF_ERROR(acquire(distinct[first_miss++]));
+    }
+    if (first_miss < distinct.size()) {
+      for (size_t i = first_miss; i < distinct.size(); ++i) {
+        if (!cache.StartLoad(w.layer, distinct[i]) && !cache.IsResident(w.layer, distinct[i])) {
+          break;  // no block without waiting: the rest load one by one below
+        }
+      }
+      prefetch();
+      pair_out.resize(static_cast<size_t>(pairs * n_embd));
+      if (!subset.empty()) {
+        run_subset();
+        release();
+      }
+      for (size_t i = first_miss; i < distinct.size(); ++i) {
+        MOERT_RETURN_IF_ERROR(acquire(distinct[i]));
+        run_subset();
+        release();
+      }
+    } else {
+      prefetch();
+    }
+  } else {
+    for (int e : distinct) MOERT_RETURN_IF_ERROR(acquire(e));
+    prefetch();
   }
-  prefetch();
   if (pair_out.empty()) {
     // Everything fitted: the fused op over the whole batch, as for resident experts.
     backend::FusedFfn(pool, pool.kernels(), xq, k, chosen, weights, view, n_embd, out);

@@ -16,8 +16,14 @@
 // (counted) rather than evict what the current layer is about to use. A batch's union
 // is capped at the pool's share of one slot (capacity / (depth + 1)).
 //
-// A wrong prediction costs a synchronous load at the layer (and a wasted read), never a
+// A wrong prediction costs a load at the layer (and a wasted read, unless the read had
+// not started: the model then cancels it when the layer routes elsewhere), never a
 // different output: the experts computed are the ones the router chose.
+//
+// The other half of the pipeline is in the model's MoE layer (model/layers.cc,
+// PooledExperts): with prefetch on, a layer's misses all start loading at once
+// (ExpertCache::StartLoad, ahead of the prefetches) and each expert computes as soon as
+// its weights are in, while the ones after it still load.
 //
 // Not thread-safe: the model's forward pass (the expert cache's owner) calls it.
 #ifndef MOERT_PIPELINE_PREFETCHER_H_

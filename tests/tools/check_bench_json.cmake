@@ -101,7 +101,7 @@ set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate
     expert_bytes_read_per_token expert_stall_ms_per_token router_alpha dynamic_k average_k
     router_changed prefetch_depth prefetch_precision prefetch_recall loads_hidden
-    loads_waited)
+    loads_waited loads_streamed streamed_hidden prefetch_cancelled)
 set(i 0)
 foreach(test IN LISTS TESTS)
   string(REPLACE "," ";" test "${test}")
