@@ -392,7 +392,7 @@ TEST(Prefetch, NeverEvictsPinnedOrRecentExperts) {
 // routing: the perplexity difference it makes, token by token (decode-like batches of
 // one, where residency matters) over the first chunks of valid.txt, pool 25%. Reported,
 // and bounded: prefetch must not cost the penalty's routing real quality.
-TEST(Prefetch, PerplexityDifferenceWithTheResidencyPenaltyOn) {
+TEST(PrefetchSlowTest, PerplexityDifferenceWithTheResidencyPenaltyOn) {
   Watchdog watchdog(600);
   const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
   auto tok = tokenizer::Tokenizer::FromGguf(File(name));
