@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/greedy_run.h"
 #include "experts/expert_cache.h"
 #include "experts/loader.h"
 #include "format/gguf.h"
@@ -99,50 +100,15 @@ std::unique_ptr<Model> Load(const std::string& name, const ModelLoadOptions& opt
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-std::vector<int32_t> Prompt() {
-  std::vector<int32_t> ids = {1, 650, 996, 2007, 13, 2026, 1985, 565, 341, 586, 1749};
-  uint32_t state = 12345;
-  while (ids.size() < kPromptTokens) {
-    state = state * 1103515245u + 12345u;
-    ids.push_back(static_cast<int32_t>((state >> 8) % 2048));
-  }
-  return ids;
-}
+using test_util::Argmax;
+using test_util::SameBits;
+using Generation = test_util::GreedyRun;
 
-int32_t Argmax(const float* logits, size_t n) {
-  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
-}
+std::vector<int32_t> Prompt() { return test_util::SpreadPrompt(kPromptTokens); }
 
-struct Generation {
-  std::vector<float> prefill;
-  std::vector<int32_t> tokens;
-  std::vector<float> decode;
-};
-
+// A prefill batch, then greedy decoding one token at a time.
 Generation Generate(Model& model) {
-  Generation g;
-  auto cache = model.NewKvCache(64);
-  EXPECT_TRUE(cache.ok());
-  const std::vector<int32_t> prompt = Prompt();
-  absl::Status s = model.Forward(prompt, cache->get(), LogitsFor::kAll, &g.prefill);
-  EXPECT_TRUE(s.ok()) << s;
-  const size_t vocab = model.spec().n_vocab;
-  if (g.prefill.size() != prompt.size() * vocab) return g;
-  int32_t next = Argmax(g.prefill.data() + (prompt.size() - 1) * vocab, vocab);
-  std::vector<float> logits;
-  for (int i = 0; i < kDecodeSteps; ++i) {
-    g.tokens.push_back(next);
-    s = model.Forward({&next, 1}, cache->get(), LogitsFor::kLast, &logits);
-    EXPECT_TRUE(s.ok()) << s;
-    if (!s.ok()) return g;
-    g.decode.insert(g.decode.end(), logits.begin(), logits.end());
-    next = Argmax(logits.data(), vocab);
-  }
-  return g;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return test_util::RunGreedy(model, kPromptTokens, kDecodeSteps);
 }
 
 struct PrefetchCase {
