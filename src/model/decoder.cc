@@ -146,14 +146,16 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   std::string cpu_only;
   AttentionOptions attention;
   bool shared_expert = false;
-  if (expert_cache_ != nullptr) {
-    cpu_only = "a model with an expert pool (memory budget) runs on the CPU only";
-  } else if (!PreNormLayout(&attention, &shared_expert)) {
+  // With an expert pool, the MoE blocks (router and experts) run on the host and the
+  // rest on the device (DecoderView::host_moe), so the router's adjustments go too.
+  const bool host_moe = expert_cache_ != nullptr;
+  if (!PreNormLayout(&attention, &shared_expert)) {
     cpu_only = "this architecture's layers run on the CPU only";
   } else if (options.ffn_input_observer || options.route_observer) {
     cpu_only = "FFN input and routing observers run on the CPU only";
-  } else if (options.router.dynamic_k_p != 0 || options.router.modality_lambda != 0 ||
-             options.resource_monitor.thermal_limit_c != 0) {
+  } else if (!host_moe &&
+             (options.router.dynamic_k_p != 0 || options.router.modality_lambda != 0 ||
+              options.resource_monitor.thermal_limit_c != 0)) {
     cpu_only = "dynamic top-k, the modality bias and the thermal limit run on the CPU only";
   }
   if (!cpu_only.empty()) {
@@ -173,6 +175,11 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   view.layers = &layers_;
   view.attention = attention;
   view.shared_expert = shared_expert;
+  if (host_moe) {
+    view.host_moe = [this](int layer, const float* x, int64_t n, float* out) {
+      return MoeFfn(pool_, layers_[static_cast<size_t>(layer)].moe, x, n, out);
+    };
+  }
   OpenClDecoderOptions cl_options;
   cl_options.require_gpu = is_auto;
   cl_options.allow_cpu_device = options.opencl_allow_cpu_device;
@@ -534,6 +541,11 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
 absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
                                         DecoderKvCache* cache, int64_t first_logit_row,
                                         float* logits) {
+  // One step of the pool's clocks per batch, on whichever backend runs it (the device
+  // path runs the MoE blocks on the host too).
+  if (expert_cache_ != nullptr) expert_cache_->BeginStep();
+  if (router_ != nullptr) router_->BeginStep();
+  if (prefetcher_ != nullptr) prefetcher_->BeginStep();
   if (opencl_ != nullptr) {
     absl::Status status =
         opencl_->ForwardBatch(tokens, pos0, cache->Host(), first_logit_row, logits);
@@ -565,9 +577,6 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
       opencl_.reset();
     }
   }
-  if (expert_cache_ != nullptr) expert_cache_->BeginStep();
-  if (router_ != nullptr) router_->BeginStep();
-  if (prefetcher_ != nullptr) prefetcher_->BeginStep();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_embd = spec_.n_embd;
   std::vector<float> x(static_cast<size_t>(n * n_embd));

@@ -237,6 +237,9 @@ absl::Status OpenClDecoderImpl::UploadWeights() {
     MOERT_ASSIGN_OR_RETURN(l.wk, Upload(d, w.attn.wk, 1, blk + "attn_k.weight"));
     MOERT_ASSIGN_OR_RETURN(l.wv, Upload(d, w.attn.wv, 1, blk + "attn_v.weight"));
     MOERT_ASSIGN_OR_RETURN(l.wo, Upload(d, w.attn.wo, 1, blk + "attn_output.weight"));
+    if (spec_.is_moe() && view_.host_moe) {
+      continue;  // the MoE blocks run on the host, from the expert pool
+    }
     if (spec_.is_moe()) {
       MOERT_ASSIGN_OR_RETURN(l.router, Upload(d, w.moe.router, 1, blk + "ffn_gate_inp.weight"));
       MOERT_ASSIGN_OR_RETURN(l.gate, Upload(d, w.moe.gate_exps, n_expert, blk + "ffn_gate_exps"));
@@ -408,6 +411,15 @@ absl::Status OpenClDecoderImpl::RunF32Experts(const DevLayer& l, int64_t n, int 
 
 absl::Status OpenClDecoderImpl::RunMoe(const DevLayer& l, int64_t n, BufferRef cur,
                                        BufferRef out) {
+  if (view_.host_moe) {
+    // The expert pool's MoE block on the host: router, residency-aware routing,
+    // streaming and prefetch as on the CPU backend, bit for bit on the same input.
+    const size_t values = static_cast<size_t>(n * spec_.n_embd);
+    std::vector<float> x(values), y(values);
+    MOERT_RETURN_IF_ERROR(ReadRef(*device_, cur, x.data(), values * 4));
+    MOERT_RETURN_IF_ERROR(view_.host_moe(static_cast<int>(&l - layers_.data()), x.data(), n, y.data()));
+    return WriteRef(*device_, out, y.data(), values * 4);
+  }
   const int n_expert = static_cast<int>(spec_.n_expert);
   const int k = static_cast<int>(spec_.n_expert_used);
   MOERT_ASSIGN_OR_RETURN(BufferRef logits,

@@ -12,6 +12,7 @@
 #define MOERT_MODEL_OPENCL_DECODER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,6 +35,11 @@ struct DecoderView {
   const std::vector<LayerWeights>* layers = nullptr;
   AttentionOptions attention;
   bool shared_expert = false;
+  // Set for a model whose routed experts live in an expert pool (memory budget): each
+  // MoE block (router and experts) runs on the host through this, on the FFN input
+  // read back from the device, and its output goes back to the device; the experts are
+  // then never uploaded. Everything else stays on the device.
+  std::function<absl::Status(int layer, const float* x, int64_t n, float* out)> host_moe;
 };
 
 // The host KV cache of one sequence, which a device run reads (positions it has not
