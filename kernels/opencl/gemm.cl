@@ -19,18 +19,12 @@ __kernel void gemm(__global const uchar* w_base, ulong w_off, __global const uch
   for (int b = 0; b < kb; ++b, blk += W_BLOCK_BYTES) {
     const float dw = vload_half(r, (__global const half*)blk);
     __global const uchar* q = blk + 16 + r * W_ROW_BYTES;
-#if MOERT_WFMT == 4
-    const uchar16 raw = vload16(0, q);
-    const char16 q0 = as_char16(raw & (uchar16)(15)) - (char16)(8);
-    const char16 q1 = as_char16(raw >> (uchar16)(4)) - (char16)(8);
-#else
-    const char16 q0 = vload16(0, (__global const char*)q);
-    const char16 q1 = vload16(1, (__global const char*)q);
-#endif
+    const w_part q0 = w_lo(q);
+    const w_part q1 = w_hi(q);
     for (int i = 0; i < MOERT_GEMM_MR; ++i) {
       if (i < rows) {
         __global const a8_block* ab = a + (size_t)i * kb + b;
-        const int isum = dot16(q0, vload16(0, ab->qs)) + dot16(q1, vload16(1, ab->qs));
+        const int isum = w_isum(q0, q1, ab);
         const float scale = dw * ab->d;
         acc[i] = acc[i] + (float)isum * scale;
       }

@@ -13,10 +13,18 @@
 //  - RMSNorm, RoPE, softmax, attention, routing weights: NMSE < 1e-10 (float
 //    reductions in another order than the CPU's, some of which are in double).
 //  - top-k: the same expert indices.
+//  - the integer dot product path (cl_khr_integer_dot_product), run here through
+//    software builtins (KernelVariant::int_dot_polyfill): W4/W8 GEMV, GEMM and fused
+//    MoE give the same bits as the baseline path (integer sums are exact), and a probe
+//    kernel shows the path was compiled in, so the comparison can fail.
+//  - split-K GEMV through the sub-group code (KernelVariant::subgroups_polyfill: the
+//    work-group is the sub-group): NMSE < 1e-10 like the local-memory split.
 // Without a device the tests skip with the reason, unless MOERT_REQUIRE_OPENCL=1.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -26,10 +34,12 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/opencl/buffer.h"
 #include "backend/opencl/device.h"
+#include "backend/opencl/embedded_sources.h"
 #include "backend/opencl/ops.h"
 #include "backend/opencl/program_cache.h"
 #include "backend/packing.h"
@@ -291,7 +301,8 @@ TEST_F(OpenClTest, UnsupportedFormatAndBadArgumentsAreStatuses) {
 }
 
 // FusedMoe against backend::FusedFfn, expert ids and weights on the device.
-void CheckFusedMoe(Device& device, WeightFormat format, int64_t n, int k, bool routed) {
+std::vector<float> CheckFusedMoe(Device& device, WeightFormat format, int64_t n, int k,
+                                 bool routed) {
   const int n_expert = 6;
   const int64_t n_embd = 96, n_ff = 160;
   const PackedMatrix gate = MakePacked(format, n_expert, n_ff, n_embd, 1);
@@ -329,12 +340,14 @@ void CheckFusedMoe(Device& device, WeightFormat format, int64_t n, int k, bool r
   const FfnRef ffn{dg.ref, du.ref, dd.ref};
   const absl::Status s = FusedMoe(device, ffn, a.device, n, k, routed ? BufferRef(de) : BufferRef(),
                                   routed ? BufferRef(dwt) : BufferRef(), out, scratch);
-  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(s.ok()) << s;
+  if (!s.ok()) return {};
   const std::vector<float> got = Download<float>(device, out, want.size());
   size_t exact = 0;
   for (size_t i = 0; i < got.size(); ++i) exact += got[i] == want[i];
   EXPECT_LT(Nmse(got, want), 1e-6)
       << "n=" << n << " k=" << k << " routed=" << routed << " exact " << exact << "/" << got.size();
+  return got;
 }
 
 TEST_F(OpenClTest, FusedMoeMatchesCpuFusedFfn) {
@@ -680,6 +693,220 @@ TEST_F(OpenClTest, ElementwiseOpsMatchHostArithmetic) {
   }
 }
 
+// A second handle on the test device with the given GEMV split and, when `polyfill`,
+// the integer dot product path through the software builtins; `subgroups`: the
+// sub-group code with the work-group as the sub-group.
+std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, bool polyfill,
+                                    bool subgroups = false) {
+  DeviceOptions options;
+  options.allow_cpu = true;
+  options.name_filter = base.info().name;
+  options.disable_cache = true;
+  options.has_variant = true;
+  options.variant = base.variant();
+  options.variant.int_dot_polyfill = polyfill;
+  options.variant.subgroups_polyfill = subgroups;
+  options.variant.gemv_k_split = k_split;
+  absl::StatusOr<std::unique_ptr<Device>> d = Device::Open(options);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? std::move(d).value() : nullptr;
+}
+
+// Runs common.cl's integer dot product helpers on `device`: out[0] = MOERT_INT_DOT, and
+// with the path compiled in, out[1..] = moert_dot_acc_ss / _us of the probe inputs.
+std::vector<int> ProbeIntDot(Device& device, const std::vector<uint32_t>& a,
+                             const std::vector<uint32_t>& b, const std::vector<int>& acc) {
+  const std::string text = std::string(*EmbeddedSource("common")) + R"(
+__kernel void probe(__global const uint* a, __global const uint* b, __global const int* acc,
+                    int n, __global int* out) {
+  out[0] = MOERT_INT_DOT;
+#if MOERT_INT_DOT
+  for (int i = 0; i < n; ++i) {
+    out[1 + 2 * i] = moert_dot_acc_ss(a[i], b[i], acc[i]);
+    out[2 + 2 * i] = moert_dot_acc_us(a[i], b[i], acc[i]);
+  }
+#endif
+}
+)";
+  absl::StatusOr<cl_program> program = device.programs().Build(text, "");
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return {};
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = clCreateKernel(*program, "probe", &err);
+  EXPECT_EQ(err, CL_SUCCESS);
+  const Buffer da = Upload(device, a), db = Upload(device, b), dacc = Upload(device, acc);
+  Buffer out = Alloc(device, (1 + 2 * a.size()) * sizeof(int));
+  const cl_int n = static_cast<cl_int>(a.size());
+  const cl_mem mems[] = {da.get(), db.get(), dacc.get()};
+  for (cl_uint i = 0; i < 3; ++i) EXPECT_EQ(clSetKernelArg(kernel, i, sizeof(cl_mem), &mems[i]), 0);
+  EXPECT_EQ(clSetKernelArg(kernel, 3, sizeof(n), &n), CL_SUCCESS);
+  const cl_mem out_mem = out.get();
+  EXPECT_EQ(clSetKernelArg(kernel, 4, sizeof(cl_mem), &out_mem), CL_SUCCESS);
+  const size_t one = 1;
+  EXPECT_EQ(
+      clEnqueueNDRangeKernel(device.queue(), kernel, 1, nullptr, &one, &one, 0, nullptr, nullptr),
+      CL_SUCCESS);
+  std::vector<int> got = Download<int>(device, out, 1 + 2 * a.size());
+  clReleaseKernel(kernel);
+  return got;
+}
+
+// The packed builtins' definition: acc + the 4 byte products, saturated to int32.
+int RefDotAcc(uint32_t a, uint32_t b, int acc, bool a_unsigned) {
+  int64_t sum = acc;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t ua = (a >> (8 * i)) & 0xff, ub = (b >> (8 * i)) & 0xff;
+    const int64_t x = a_unsigned ? static_cast<int64_t>(ua) : static_cast<int8_t>(ua);
+    sum += x * static_cast<int8_t>(ub);
+  }
+  return static_cast<int>(std::clamp<int64_t>(sum, INT32_MIN, INT32_MAX));
+}
+
+TEST_F(OpenClTest, IntDotPolyfillIsCompiledInAndFollowsTheBuiltins) {
+  // The extremes of both signs, mixed bytes, and accumulators that saturate.
+  const std::vector<uint32_t> a = {0x80808080u, 0x7f7f7f7fu, 0x01ff80f0u,
+                                   0x0f0f0f0fu, 0x80808080u, 0x12345678u};
+  const std::vector<uint32_t> b = {0x80808080u, 0x80808080u, 0x7f02ff10u,
+                                   0x81817f7fu, 0x80808080u, 0x9abcdef0u};
+  const std::vector<int> acc = {0, -5, 1000, -4096, INT32_MAX - 10, INT32_MIN + 3};
+  const std::vector<int> base = ProbeIntDot(device(), a, b, acc);
+  ASSERT_FALSE(base.empty());
+  // PoCL lacks cl_khr_integer_dot_product: the default variant takes the baseline.
+  if (!device().info().HasExtension("cl_khr_integer_dot_product")) {
+    EXPECT_EQ(base[0], 0);
+  }
+  std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, true);
+  ASSERT_NE(poly, nullptr);
+  const std::vector<int> got = ProbeIntDot(*poly, a, b, acc);
+  ASSERT_EQ(got.size(), 1 + 2 * a.size());
+  ASSERT_EQ(got[0], 1) << "MOERT_CL_INT_DOT_POLYFILL did not select the integer dot path";
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(got[1 + 2 * i], RefDotAcc(a[i], b[i], acc[i], false)) << "ss " << i;
+    EXPECT_EQ(got[2 + 2 * i], RefDotAcc(a[i], b[i], acc[i], true)) << "us " << i;
+  }
+}
+
+TEST_P(OpenClMatMulTest, IntDotPathGivesTheBaselineBits) {
+  const WeightFormat format = GetParam();
+  for (int k_split : {1, 4}) {
+    // The same GEMV split on both sides: only the integer path differs.
+    std::unique_ptr<Device> base = OpenVariant(device(), k_split, false);
+    std::unique_ptr<Device> poly = OpenVariant(device(), k_split, true);
+    ASSERT_NE(base, nullptr);
+    ASSERT_NE(poly, nullptr);
+    for (int64_t rows : {1, 13, 100}) {
+      for (int64_t cols : {32, 96, 512}) {
+        const PackedMatrix w =
+            MakePacked(format, 2, rows, cols, static_cast<uint32_t>(3 * rows + cols));
+        DeviceMatrix dw_base = DeviceMatrix::Upload(*base, w).value();
+        DeviceMatrix dw_poly = DeviceMatrix::Upload(*poly, w).value();
+        for (int64_t n : {1, 3, 5}) {
+          const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 9);
+          const A8Pair a_base = QuantizeBoth(*base, x, n, cols);
+          const A8Pair a_poly = QuantizeBoth(*poly, x, n, cols);
+          const size_t count = static_cast<size_t>(n * rows);
+          Buffer y_base = Alloc(*base, count * 4);
+          Buffer y_poly = Alloc(*poly, count * 4);
+          for (int64_t g = 0; g < 2; ++g) {
+            ASSERT_TRUE(QMatMul(*base, dw_base.ref, g, a_base.device, n, y_base).ok());
+            ASSERT_TRUE(QMatMul(*poly, dw_poly.ref, g, a_poly.device, n, y_poly).ok());
+            const std::vector<float> want = Download<float>(*base, y_base, count);
+            const std::vector<float> got = Download<float>(*poly, y_poly, count);
+            const std::vector<float> cpu = CpuMatMul(w, g, a_base.cpu);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(got[i], want[i]) << rows << "x" << cols << " n=" << n << " group " << g
+                                         << " k_split " << k_split << " at " << i;
+              // One work-item per row, or the GEMM: also the CPU kernels' bits.
+              if (k_split == 1 || n > 1) {
+                ASSERT_EQ(got[i], cpu[i]) << "vs CPU at " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The value of common.cl's macro `name` as `device` compiles it.
+int ProbeMacro(Device& device, const std::string& name) {
+  const std::string text = std::string(*EmbeddedSource("common")) +
+                           "\n__kernel void probe(__global int* out) { out[0] = " + name + "; }\n";
+  absl::StatusOr<cl_program> program = device.programs().Build(text, "");
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return -1;
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = clCreateKernel(*program, "probe", &err);
+  EXPECT_EQ(err, CL_SUCCESS);
+  Buffer out = Alloc(device, sizeof(int));
+  const cl_mem out_mem = out.get();
+  EXPECT_EQ(clSetKernelArg(kernel, 0, sizeof(cl_mem), &out_mem), CL_SUCCESS);
+  const size_t one = 1;
+  EXPECT_EQ(
+      clEnqueueNDRangeKernel(device.queue(), kernel, 1, nullptr, &one, &one, 0, nullptr, nullptr),
+      CL_SUCCESS);
+  const int v = Download<int>(device, out, 1)[0];
+  clReleaseKernel(kernel);
+  return v;
+}
+
+// Split-K GEMV summed by sub-group reductions (the polyfill: the work-group is the
+// sub-group, so each row is one reduction of many, the other rows adding 0): as close
+// to the CPU as the local-memory split, and with the integer dot path the same bits.
+TEST_P(OpenClMatMulTest, SubgroupSplitKGemvMatchesCpu) {
+  const WeightFormat format = GetParam();
+  std::unique_ptr<Device> sg = OpenVariant(device(), 4, false, true);
+  std::unique_ptr<Device> sg_dot = OpenVariant(device(), 4, true, true);
+  ASSERT_NE(sg, nullptr);
+  ASSERT_NE(sg_dot, nullptr);
+  ASSERT_EQ(ProbeMacro(*sg, "MOERT_SUBGROUPS"), 1);
+  if (!device().variant().use_subgroups) {
+    EXPECT_EQ(ProbeMacro(device(), "MOERT_SUBGROUPS"), 0);
+  }
+  for (int64_t rows : {1, 13, 100}) {
+    for (int64_t cols : {32, 96, 512}) {
+      const PackedMatrix w =
+          MakePacked(format, 2, rows, cols, static_cast<uint32_t>(rows + 5 * cols));
+      DeviceMatrix dw = DeviceMatrix::Upload(*sg, w).value();
+      DeviceMatrix dw_dot = DeviceMatrix::Upload(*sg_dot, w).value();
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(cols), 13);
+      const A8Pair a = QuantizeBoth(*sg, x, 1, cols);
+      const A8Pair a_dot = QuantizeBoth(*sg_dot, x, 1, cols);
+      Buffer y = Alloc(*sg, static_cast<size_t>(rows) * 4);
+      Buffer y_dot = Alloc(*sg_dot, static_cast<size_t>(rows) * 4);
+      for (int64_t g = 0; g < 2; ++g) {
+        ASSERT_TRUE(QMatMul(*sg, dw.ref, g, a.device, 1, y).ok());
+        ASSERT_TRUE(QMatMul(*sg_dot, dw_dot.ref, g, a_dot.device, 1, y_dot).ok());
+        const std::vector<float> got = Download<float>(*sg, y, static_cast<size_t>(rows));
+        const std::vector<float> got_dot =
+            Download<float>(*sg_dot, y_dot, static_cast<size_t>(rows));
+        EXPECT_LT(Nmse(got, CpuMatMul(w, g, a.cpu)), 1e-10)
+            << rows << "x" << cols << " group " << g;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got_dot[i], got[i]) << rows << "x" << cols << " group " << g << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpenClTest, IntDotPathFusedMoeGivesTheBaselineBits) {
+  std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, true);
+  ASSERT_NE(poly, nullptr);
+  for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
+    for (const auto& [n, k, routed] :
+         {std::tuple<int64_t, int, bool>{1, 2, true}, {5, 3, true}, {4, 1, false}}) {
+      const std::vector<float> want = CheckFusedMoe(device(), format, n, k, routed);
+      const std::vector<float> got = CheckFusedMoe(*poly, format, n, k, routed);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << WeightFormatName(format) << " n=" << n << " k=" << k
+                                   << " routed=" << routed << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(OpenClStatusTest, ErrorCodesMapToStatusCodes) {
   EXPECT_TRUE(ClStatus(CL_SUCCESS, "x").ok());
   EXPECT_EQ(ClStatus(CL_OUT_OF_RESOURCES, "clEnqueueNDRangeKernel").code(),
@@ -700,7 +927,7 @@ TEST(OpenClVariantTest, VendorTilesAndExtensions) {
   info.extensions = "cl_khr_fp16 cl_qcom_reqd_sub_group_size cl_khr_subgroups";
   KernelVariant v = DefaultVariant(info);
   EXPECT_TRUE(v.use_fp16);
-  EXPECT_TRUE(v.use_subgroups);
+  EXPECT_FALSE(v.use_subgroups);  // off until it has run on real sub-groups
   EXPECT_TRUE(v.use_qcom_subgroup_size);
   EXPECT_FALSE(v.use_int_dot);
   EXPECT_EQ(v.gemv_k_split, 8);
@@ -711,6 +938,14 @@ TEST(OpenClVariantTest, VendorTilesAndExtensions) {
   EXPECT_FALSE(v.use_fp16);
   EXPECT_EQ(v.gemv_k_split, 4);
   EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_INT_DOT=1"), std::string::npos);
+  // The polyfills are for tests: never chosen for a device, and passed when asked for.
+  EXPECT_FALSE(v.int_dot_polyfill);
+  EXPECT_FALSE(v.subgroups_polyfill);
+  EXPECT_EQ(v.BuildOptions().find("POLYFILL"), std::string::npos);
+  v.int_dot_polyfill = true;
+  v.subgroups_polyfill = true;
+  EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_INT_DOT_POLYFILL=1"), std::string::npos);
+  EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_SUBGROUPS_POLYFILL=1"), std::string::npos);
   // A CPU device: one work-item per row (the CPU kernels' exact order); a tiny maximum
   // work-group size caps every tile.
   info.vendor_kind = Vendor::kOther;
