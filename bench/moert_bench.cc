@@ -84,6 +84,7 @@ struct Params {
   int prefetch_depth = 1;
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
   moert::model::Backend backend = moert::model::Backend::kCpu;
+  moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -242,6 +243,21 @@ const std::vector<Flag>& Flags() {
          auto backend = moert::model::ParseBackend(v);
          if (!backend.ok()) return std::string("expected cpu, opencl or auto");
          p.backend = *backend;
+         return std::nullopt;
+       }},
+      {"", "--pooled-experts", "device|copy|host",
+       "with --backend opencl and an expert pool, where the\npooled experts compute: on the device "
+       "from the pool's\nmemory (default; copy: from a device copy written per\nload) or on the host",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         if (v == "device") {
+           p.pooled_experts = moert::model::PooledExperts::kDevice;
+         } else if (v == "copy") {
+           p.pooled_experts = moert::model::PooledExperts::kDeviceCopy;
+         } else if (v == "host") {
+           p.pooled_experts = moert::model::PooledExperts::kHost;
+         } else {
+           return std::string("expected device, copy or host");
+         }
          return std::nullopt;
        }},
       {"", "--router-alpha", "A",
@@ -657,6 +673,8 @@ struct RunInfo {
   std::string backend = "CPU";
   std::string device;
   std::string driver;
+  // With an expert pool on OpenCL: where its experts compute (BackendStats).
+  std::string pooled_experts;
 };
 
 std::string JsonString(std::string_view s) {
@@ -711,6 +729,7 @@ class JsonPrinter : public Printer {
         {"backends", JsonString(info_.backend)},
         {"device", JsonString(info_.device)},
         {"driver", JsonString(info_.driver)},
+        {"pooled_experts", JsonString(info_.pooled_experts)},
         {"model_filename", JsonString(info_.model.filename)},
         {"model_type", JsonString(info_.model.type)},
         {"model_size", StrCat(info_.model.size)},
@@ -916,6 +935,7 @@ int Run(const Params& p) {
     options.prefetch_depth = p.prefetch_depth;
     options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
     options.backend = p.backend;
+    options.opencl_pooled_experts = p.pooled_experts;
     // Each test has its own KV cache, one after the other.
     options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
     auto loaded = moert::model::Model::Load(**file, options);
@@ -925,9 +945,14 @@ int Run(const Params& p) {
     info.backend = backend.backend;
     info.device = backend.device;
     info.driver = backend.driver;
+    info.pooled_experts = backend.pooled_experts;
     if (backend.backend != "CPU") {
       std::fprintf(stderr, "%s: backend %s on %s, driver %s\n", kTool, backend.backend.c_str(),
                    backend.device.c_str(), backend.driver.c_str());
+      if (!backend.pooled_experts.empty()) {
+        std::fprintf(stderr, "%s: pooled experts on the %s\n", kTool,
+                     backend.pooled_experts.c_str());
+      }
     } else if (!backend.cpu_reason.empty()) {
       std::fprintf(stderr, "%s: backend CPU: OpenCL not used: %s\n", kTool,
                    backend.cpu_reason.c_str());

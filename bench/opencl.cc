@@ -96,7 +96,7 @@ void BM_FusedExpertDecode(benchmark::State& state) {
   ocl::Buffer out = ocl::Buffer::Create(*g_device, static_cast<size_t>(n_embd) * 4).value();
   ocl::Scratch scratch;
   for (auto _ : state) {
-    Check(ocl::FusedMoe(*g_device, {dg.ref, du.ref, dd.ref}, a, 1, k, de, dwt, out, scratch),
+    Check(ocl::FusedMoe(*g_device, {dg.ref, du.ref, dd.ref, {}}, a, 1, k, de, dwt, out, scratch),
           state);
     Check(g_device->Finish(), state);
   }

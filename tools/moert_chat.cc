@@ -412,6 +412,10 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "moert-chat: backend %s on %s, driver %s\n", info.backend.c_str(),
                    info.device.c_str(), info.driver.c_str());
+      if (!info.pooled_experts.empty()) {
+        std::fprintf(stderr, "moert-chat: pooled experts on the %s\n",
+                     info.pooled_experts.c_str());
+      }
     }
   }
 

@@ -224,6 +224,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moert-perplexity: backend %s on %s, driver %s\n",
                  backend_stats.backend.c_str(), backend_stats.device.c_str(),
                  backend_stats.driver.c_str());
+    if (!backend_stats.pooled_experts.empty()) {
+      std::fprintf(stderr, "moert-perplexity: pooled experts on the %s\n",
+                   backend_stats.pooled_experts.c_str());
+    }
   } else if (!backend_stats.cpu_reason.empty()) {
     std::fprintf(stderr, "moert-perplexity: backend CPU: OpenCL not used: %s\n",
                  backend_stats.cpu_reason.c_str());

@@ -156,6 +156,9 @@ struct ModelInfo {
   std::string device;
   std::string driver;
   std::string backend_note;
+  // With an expert pool on OpenCL, where the pooled experts compute: "device
+  // (zero-copy)", "device (copied per load)" or "host: <why>"; empty otherwise.
+  std::string pooled_experts;
 };
 
 struct Message {

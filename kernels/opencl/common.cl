@@ -238,3 +238,12 @@ static inline float wg_reduce_max(float v, __local float* red) {
   barrier(CLK_LOCAL_MEM_FENCE);
   return r;
 }
+
+// Where expert e's weights start past each part's offset in the fused MoE kernels:
+// e * expert_bytes (stacked experts), or offsets[e] (ulong) when has_offsets (experts
+// in an expert pool's blocks: the part offsets are then the parts' places in a block).
+static inline size_t expert_start(int e, ulong expert_bytes, __global const uchar* offsets_base,
+                                  ulong offsets_off, int has_offsets) {
+  return has_offsets ? (size_t)((__global const ulong*)(offsets_base + offsets_off))[e]
+                     : (size_t)e * expert_bytes;
+}

@@ -99,6 +99,7 @@ void ExpertCache::MarkResident(size_t index, uint64_t offset) {
   Entry& entry = entries_[index];
   entry.resident = true;
   entry.offset = offset;
+  entry.generation = ++generation_;
   by_offset_[offset] = index;
   const size_t n = static_cast<size_t>(directory_.n_expert());
   residency_[index / n][(index % n) / 64] |= uint64_t{1} << ((index % n) % 64);
@@ -171,6 +172,7 @@ void ExpertCache::OnMove(uint64_t from, uint64_t to) {
   by_offset_.erase(it);
   by_offset_[to] = index;
   entries_[index].offset = to;
+  entries_[index].generation = ++generation_;
 }
 
 void ExpertCache::NoteUse(int layer, int expert) {
@@ -490,6 +492,19 @@ std::optional<uint64_t> ExpertCache::BlockOffset(int layer, int expert) const {
   const Entry& e = entries_[Index(layer, expert)];
   if (!e.resident && !e.loading) return std::nullopt;
   return e.offset;
+}
+
+std::optional<ExpertCache::Placement> ExpertCache::PlacementOf(int layer, int expert) const {
+  if (!CheckExpert(layer, expert).ok()) return std::nullopt;
+  const Entry& e = entries_[Index(layer, expert)];
+  if (!e.resident) return std::nullopt;
+  return Placement{e.offset, e.generation};
+}
+
+uint8_t* ExpertCache::expert_region() const { return pool_->ExpertData(0); }
+
+uint64_t ExpertCache::expert_region_bytes() const {
+  return pool_->expert_allocator().stats().pool_bytes;
 }
 
 void ExpertCache::EvictAll() {

@@ -172,6 +172,20 @@ class ExpertCache {
   // The pool offset of a resident (or loading) expert's block; nullopt otherwise.
   std::optional<uint64_t> BlockOffset(int layer, int expert) const;
 
+  // Where a resident expert's weights are: the byte offset of its block in the expert
+  // region, and a number that changes whenever the block's bytes are written anew (a
+  // load, a defragmentation move), so a copy elsewhere (a device's view of the region)
+  // knows when to refresh. nullopt when not resident.
+  struct Placement {
+    uint64_t offset = 0;
+    uint64_t generation = 0;
+  };
+  std::optional<Placement> PlacementOf(int layer, int expert) const;
+  // The pool's expert region: ExpertData(0) and its size in bytes. Every block lies in
+  // it; its pages outside the resident blocks are not committed (not readable).
+  uint8_t* expert_region() const;
+  uint64_t expert_region_bytes() const;
+
   // Evicts every unpinned expert (tests; giving memory back when idle).
   void EvictAll();
 
@@ -229,6 +243,7 @@ class ExpertCache {
     bool needed = false;      // loading (or loaded) by StartLoad, pinned for Acquire
     bool promoted = false;    // needed, and started as a prefetch
     uint64_t prefetch_step = 0;
+    uint64_t generation = 0;  // Placement::generation
     Loader::Ticket ticket;
   };
 
@@ -271,6 +286,7 @@ class ExpertCache {
   std::vector<std::vector<uint64_t>> residency_;
   absl::flat_hash_map<uint64_t, size_t> by_offset_;  // resident block offset -> entry
   uint64_t step_ = 0;
+  uint64_t generation_ = 0;  // the last Placement::generation handed out
   uint64_t block_bytes_ = 0;
   std::vector<size_t> in_flight_;  // entries a prefetch or StartLoad is loading
   std::vector<size_t> started_;    // entries StartLoad started this step

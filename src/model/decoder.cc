@@ -146,8 +146,8 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   std::string cpu_only;
   AttentionOptions attention;
   bool shared_expert = false;
-  // With an expert pool, the MoE blocks (router and experts) run on the host and the
-  // rest on the device (DecoderView::host_moe), so the router's adjustments go too.
+  // With an expert pool, the MoE blocks' routing runs on the host (DecoderView::
+  // expert_cache), so the router's adjustments go too.
   const bool host_moe = expert_cache_ != nullptr;
   if (!PreNormLayout(&attention, &shared_expert)) {
     cpu_only = "this architecture's layers run on the CPU only";
@@ -176,9 +176,9 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   view.attention = attention;
   view.shared_expert = shared_expert;
   if (host_moe) {
-    view.host_moe = [this](int layer, const float* x, int64_t n, float* out) {
-      return MoeFfn(pool_, layers_[static_cast<size_t>(layer)].moe, x, n, out);
-    };
+    view.expert_cache = expert_cache_.get();
+    view.host_pool = &pool_;
+    view.pooled_experts = options.opencl_pooled_experts;
   }
   OpenClDecoderOptions cl_options;
   cl_options.require_gpu = is_auto;
@@ -205,6 +205,18 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   return absl::FailedPreconditionError(
       "--backend opencl: moert was built without the OpenCL backend (OpenCL not found at build)");
 #endif
+}
+
+BackendStats DecoderModel::backend_stats() const {
+  BackendStats stats = backend_;
+  if (opencl_ != nullptr && expert_cache_ != nullptr) {
+    const DevicePoolStats pooled = opencl_->pooled_stats();
+    stats.pooled_experts = pooled.placement;
+    stats.pooled_device_batches = pooled.device_batches;
+    stats.pooled_host_batches = pooled.host_batches;
+    stats.pooled_published_bytes = pooled.published_bytes;
+  }
+  return stats;
 }
 
 absl::Status DecoderModel::InjectDeviceFailureForTesting(const DeviceFailureForTesting& failure) {

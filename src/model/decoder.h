@@ -110,7 +110,7 @@ class DecoderModel : public Model {
   absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
                        std::vector<float>* logits) override;
   MemoryStats memory_stats() const override;
-  BackendStats backend_stats() const override { return backend_; }
+  BackendStats backend_stats() const override;
   absl::Status SaveHotSet() override;
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;

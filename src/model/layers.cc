@@ -358,31 +358,49 @@ void RouteToken(const float* router_logits, int n_expert, int n_used, bool renor
 
 namespace {
 
+// The distinct experts of `pairs` routed slots (-1: an empty slot), resident ones
+// first (hits are pinned before a miss can evict anything), then those a prefetch is
+// loading, then the misses.
+std::vector<int> DistinctByResidency(const experts::ExpertCache& cache, int layer,
+                                     const int* chosen, int64_t pairs) {
+  std::vector<int> distinct;
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (chosen[p] >= 0) distinct.push_back(chosen[p]);
+  }
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::stable_partition(distinct.begin(), distinct.end(),
+                        [&](int e) { return cache.IsResident(layer, e); });
+  std::stable_partition(
+      std::find_if(distinct.begin(), distinct.end(),
+                   [&](int e) { return !cache.IsResident(layer, e); }),
+      distinct.end(), [&](int e) { return cache.IsLoading(layer, e); });
+  return distinct;
+}
+
+// The pipeline: prefetches of this layer the router did not choose and whose read has
+// not started are dropped (the loader's time goes to the misses instead).
+void CancelUnwantedPrefetches(const MoeWeights& w, const std::vector<int>& distinct) {
+  std::vector<bool> wanted(static_cast<size_t>(w.n_expert), false);
+  for (int e : distinct) wanted[static_cast<size_t>(e)] = true;
+  for (int e = 0; e < w.n_expert; ++e) {
+    if (!wanted[static_cast<size_t>(e)] && w.cache->IsLoading(w.layer, e)) {
+      w.cache->CancelPrefetch(w.layer, e);
+    }
+  }
+}
+
 // The routed experts of a batch from the expert pool (see MoeFfn in layers.h).
 absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend::A8Matrix& xq,
-                           const int* chosen, const float* weights, int64_t n_embd, float* out) {
+                           int k, const int* chosen, const float* weights, int64_t n_embd,
+                           float* out) {
   // Starts the prefetch of the next slot once, before the last compute of this layer.
   const auto prefetch = [&] {
     if (w.prefetcher != nullptr) w.prefetcher->Issue(w.prefetch_layer);
   };
   experts::ExpertCache& cache = *w.cache;
-  const int k = w.n_used;
   const int64_t pairs = xq.n() * k;
-  // The batch's distinct experts, resident ones first: hits are pinned before a miss
-  // can evict anything.
-  std::vector<int> distinct;
-  for (int64_t p = 0; p < pairs; ++p) {
-    if (chosen[p] >= 0) distinct.push_back(chosen[p]);  // -1: an empty slot
-  }
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  // Then those a prefetch is loading, then the misses.
-  std::stable_partition(distinct.begin(), distinct.end(),
-                        [&](int e) { return cache.IsResident(w.layer, e); });
-  std::stable_partition(
-      std::find_if(distinct.begin(), distinct.end(),
-                   [&](int e) { return !cache.IsResident(w.layer, e); }),
-      distinct.end(), [&](int e) { return cache.IsLoading(w.layer, e); });
+  const std::vector<int> distinct = DistinctByResidency(cache, w.layer, chosen, pairs);
 
   std::vector<backend::FfnView> views(static_cast<size_t>(w.n_expert));
   const auto view = [&](int e) { return views[static_cast<size_t>(e)]; };
@@ -438,15 +456,7 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
   };
 
   if (w.prefetcher != nullptr) {
-    // The pipeline. Prefetches of this layer the router did not choose and whose read
-    // has not started are dropped (the loader's time goes to the misses instead).
-    std::vector<bool> wanted(static_cast<size_t>(w.n_expert), false);
-    for (int e : distinct) wanted[static_cast<size_t>(e)] = true;
-    for (int e = 0; e < w.n_expert; ++e) {
-      if (!wanted[static_cast<size_t>(e)] && cache.IsLoading(w.layer, e)) {
-        cache.CancelPrefetch(w.layer, e);
-      }
-    }
+    CancelUnwantedPrefetches(w, distinct);
     // The hits are pinned first; then every miss starts loading (in order, before the
     // next layer's prefetches), and each expert computes as soon as its weights are in
     // while the ones after it load: one slot computing, one filling. The outputs are
@@ -508,31 +518,32 @@ absl::Status PooledExperts(ThreadPool& pool, const MoeWeights& w, const backend:
 
 }  // namespace
 
-absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
-                    float* out) {
-  const int64_t n_embd = w.router.cols;
+MoeRoute RouteMoe(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n) {
   std::vector<float> logits(static_cast<size_t>(n * w.n_expert));
   MatMul(pool, w.router, x, n, logits.data());
-  // k: slots per token (the router may leave some empty: expert -1).
+  MoeRoute route;
   const int k = w.adaptive_router != nullptr ? w.adaptive_router->slots(w.n_used) : w.n_used;
-  std::vector<int> chosen(static_cast<size_t>(n * k));
-  std::vector<float> weights(static_cast<size_t>(n * k));
+  route.k = k;
+  route.chosen.resize(static_cast<size_t>(n * k));
+  route.weights.resize(static_cast<size_t>(n * k));
+  int* chosen = route.chosen.data();
+  float* weights = route.weights.data();
   if (w.adaptive_router != nullptr) {
     std::span<const uint64_t> resident;
     if (w.cache != nullptr) resident = w.cache->residency(w.layer);
     w.adaptive_router->Route(w.layer, logits.data(), n, w.n_used, w.renormalize, resident,
-                          chosen.data(), weights.data());
+                             chosen, weights);
   } else {
     for (int64_t t = 0; t < n; ++t) {
-      RouteToken(logits.data() + t * w.n_expert, w.n_expert, k, w.renormalize,
-                 chosen.data() + t * k, weights.data() + t * k);
+      RouteToken(logits.data() + t * w.n_expert, w.n_expert, k, w.renormalize, chosen + t * k,
+                 weights + t * k);
     }
   }
   if (w.route_observer != nullptr && *w.route_observer) {
-    (*w.route_observer)(w.layer, n, k, chosen.data(), weights.data());
+    (*w.route_observer)(w.layer, n, k, chosen, weights);
   }
   if (w.prefetcher != nullptr) {
-    w.prefetcher->OnRouted(w.layer, n, k, chosen.data());
+    w.prefetcher->OnRouted(w.layer, n, k, chosen);
     if (w.prefetch_router != nullptr) {
       // Speculative routing: the later layer's router on this layer's input.
       std::vector<float> predicted(static_cast<size_t>(n * w.prefetch_router->rows));
@@ -540,6 +551,54 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
       w.prefetcher->Predict(w.prefetch_layer, predicted.data(), n);
     }
   }
+  return route;
+}
+
+absl::StatusOr<std::vector<int>> AcquireRouted(const MoeWeights& w, const MoeRoute& route) {
+  experts::ExpertCache& cache = *w.cache;
+  const std::vector<int> distinct = DistinctByResidency(
+      cache, w.layer, route.chosen.data(), static_cast<int64_t>(route.chosen.size()));
+  if (w.prefetcher != nullptr) CancelUnwantedPrefetches(w, distinct);
+  std::vector<int> pinned;
+  size_t next = 0;
+  const auto acquire_next = [&]() -> absl::Status {
+    const int e = distinct[next++];
+    absl::StatusOr<backend::FfnView> acquired = cache.Acquire(w.layer, e);
+    if (!acquired.ok()) {
+      for (int p : pinned) cache.Release(w.layer, p);
+      return acquired.status();
+    }
+    pinned.push_back(e);
+    return absl::OkStatus();
+  };
+  // The hits are pinned first (a miss's eviction cannot take them); with a prefetcher
+  // the misses then start loading together, in order, as in PooledExperts.
+  while (next < distinct.size() && cache.IsResident(w.layer, distinct[next])) {
+    MOERT_RETURN_IF_ERROR(acquire_next());
+  }
+  if (w.prefetcher != nullptr) {
+    for (size_t i = next; i < distinct.size(); ++i) {
+      if (!cache.StartLoad(w.layer, distinct[i]) && !cache.IsResident(w.layer, distinct[i])) {
+        break;  // no block without waiting: the rest load one by one below
+      }
+    }
+  }
+  while (next < distinct.size()) MOERT_RETURN_IF_ERROR(acquire_next());
+  if (w.prefetcher != nullptr) w.prefetcher->Issue(w.prefetch_layer);
+  return pinned;
+}
+
+absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
+                    float* out) {
+  return RunMoeExperts(pool, w, x, n, RouteMoe(pool, w, x, n), out);
+}
+
+absl::Status RunMoeExperts(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
+                           const MoeRoute& route, float* out) {
+  const int64_t n_embd = w.router.cols;
+  const int k = route.k;
+  const int* chosen = route.chosen.data();
+  const float* weights = route.weights.data();
 
   if (w.cache != nullptr || backend::CanFuse(PackedFfn(w.Gate(0), w.Up(0), w.Down(0)))) {
     // The integer kernels: x quantized once, each expert's gate/up/down fused.
@@ -547,10 +606,10 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
     xq.Quantize(pool.kernels(), pool, x, n, n_embd);
     if (w.cache != nullptr) {
       MOERT_RETURN_IF_ERROR(
-          PooledExperts(pool, w, xq, chosen.data(), weights.data(), n_embd, out));
+          PooledExperts(pool, w, xq, k, chosen, weights, n_embd, out));
     } else {
       backend::FusedFfn(
-          pool, pool.kernels(), xq, k, chosen.data(), weights.data(),
+          pool, pool.kernels(), xq, k, chosen, weights,
           [&](int e) { return PackedFfn(w.Gate(e), w.Up(e), w.Down(e)); }, n_embd, out);
     }
     if (!w.shared.empty()) {
@@ -573,7 +632,7 @@ absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64
   // over its group. All experts (and the shared one) go to the threads together.
   // Empty slots (expert -1) get no row.
   std::vector<int64_t> first_row(static_cast<size_t>(w.n_expert) + 1, 0);
-  for (int e : chosen) {
+  for (int e : route.chosen) {
     if (e >= 0) ++first_row[e + 1];
   }
   for (int e = 0; e < w.n_expert; ++e) first_row[e + 1] += first_row[e];

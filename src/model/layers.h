@@ -17,6 +17,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "backend/qmatmul.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
@@ -206,6 +207,30 @@ void RouteToken(const float* router_logits, int n_expert, int n_used, bool renor
 // are acquired and before they compute (the output does not depend on it).
 absl::Status MoeFfn(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
                     float* out);
+
+// MoeFfn in two halves, for a backend that runs the experts itself (the OpenCL device
+// with an expert pool). The routing of n tokens: k slots each (the adaptive router may
+// leave some empty: expert -1), chosen and weights [n][k].
+struct MoeRoute {
+  int k = 0;
+  std::vector<int> chosen;
+  std::vector<float> weights;
+};
+// The first half: the router's logits, the routing (the adaptive router with the
+// pool's residency, or RouteToken), the route observer and, with a prefetcher, the
+// scoring of this layer's prediction and the prediction of the next layer's experts.
+MoeRoute RouteMoe(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n);
+// The second half on the host: the routed experts (and the shared one) for `route`.
+absl::Status RunMoeExperts(ThreadPool& pool, const MoeWeights& w, const float* x, int64_t n,
+                           const MoeRoute& route, float* out);
+// With an expert pool (w.cache), for a device that computes the routed experts: pins
+// every distinct expert `route` chose (loading the misses; with a prefetcher they
+// start loading together, as in MoeFfn's pipeline), then starts the next layer's
+// prefetch so that it overlaps the device's compute. Returns the pinned experts, to be
+// released once the device is done with them. A failure (ResourceExhausted when the
+// batch's experts do not fit in the pool together, a load error) leaves nothing pinned
+// by this call; RunMoeExperts then serves the batch (it splits it to fit the pool).
+absl::StatusOr<std::vector<int>> AcquireRouted(const MoeWeights& w, const MoeRoute& route);
 
 }  // namespace moert::model
 

@@ -39,6 +39,23 @@ class KvCache {
 };
 
 // Where a model's forward pass runs (issue 8).
+// Where an expert pool's experts compute on the OpenCL backend.
+enum class PooledExperts {
+  // On the device, from the pool's memory (one device buffer over the pool's expert
+  // region: zero-copy where the device shares host memory, else a device copy of each
+  // block written as it is loaded); on the host where the device cannot (a weight
+  // format without OpenCL kernels, a pool above the device's largest buffer, a batch
+  // whose experts do not fit the pool together). BackendStats::pooled_experts says.
+  kDevice,
+  // kDevice with the device copy even where the device could read host memory (tests
+  // of that path; drivers whose zero-copy reads are slow). Twice the pool's memory on a
+  // unified-memory device.
+  kDeviceCopy,
+  // Always on the host: the FFN input is read back from the device and the MoE output
+  // written to it.
+  kHost,
+};
+
 enum class Backend {
   kCpu,     // the CPU kernels (the default and the reference)
   kOpenCl,  // the OpenCL device; FailedPrecondition naming why when there is none
@@ -126,14 +143,16 @@ struct ModelLoadOptions {
   std::function<void(int layer, int64_t n, int slots, const int* experts, const float* weights)>
       route_observer;
 
-  // --- Backend. kOpenCl and kAuto need a model without an expert pool (kOpenCl with a
-  // pool: Unimplemented; kAuto: the CPU), and ffn_input_observer / route_observer run
-  // only on the CPU path (set: the CPU, as with a pool). kAuto falls back to the CPU
-  // for a request whose device run fails and counts it (BackendStats::fallbacks).
+  // --- Backend. ffn_input_observer / route_observer run only on the CPU path (set:
+  // kAuto stays on the CPU, kOpenCl is Unimplemented). kAuto falls back to the CPU for
+  // a request whose device run fails and counts it (BackendStats::fallbacks).
   Backend backend = Backend::kCpu;
   // Accept a CPU or accelerator OpenCL device (PoCL in tests) for kOpenCl; kAuto always
   // wants a GPU.
   bool opencl_allow_cpu_device = true;
+  // With an expert pool on the OpenCL device, where the pooled experts compute (the
+  // routing is on the host either way: it needs the pool's residency).
+  PooledExperts opencl_pooled_experts = PooledExperts::kDevice;
 };
 
 // The backend a model runs on and why.
@@ -146,6 +165,13 @@ struct BackendStats {
   std::string cpu_reason;
   uint64_t fallbacks = 0;  // requests that failed on the device and ran on the CPU
   std::string last_fallback;  // the Status of the last one
+  // With an expert pool on OpenCL: "device (zero-copy)", "device (copied per load)" or
+  // "host: <why>"; the MoE blocks whose experts ran on the device and on the host; the
+  // expert bytes made visible to the device (each load or defragmentation move once).
+  std::string pooled_experts;
+  uint64_t pooled_device_batches = 0;
+  uint64_t pooled_host_batches = 0;
+  uint64_t pooled_published_bytes = 0;
 };
 
 // The model's memory: the budget in force and, with an expert pool, its state and

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cmath>
 #include <random>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include "backend/opencl/ops.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "experts/expert_cache.h"
 #include "kernels/ukernel.h"
 
 namespace moert::model {
@@ -119,6 +121,9 @@ class OpenClDecoderImpl final : public OpenClDecoder {
 
   absl::Status SelfTest();
   absl::Status UploadWeights();
+  // With an expert pool: the device's view of its expert region and the per-layer
+  // matrices over it (SetUpPooledExperts), or the reason the experts run on the host.
+  void SetUpPooledExperts();
   absl::Status ForwardBatch(std::span<const int32_t> tokens, int64_t pos0, const HostKv& kv,
                             int64_t first_logit_row, float* logits) override;
   void Invalidate(uint64_t kv_id, int64_t from) override {
@@ -127,6 +132,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   void InjectFailureForTesting(const DeviceFailureForTesting& failure) override {
     failure_ = failure;
   }
+  DevicePoolStats pooled_stats() const override { return pooled_stats_; }
 
  private:
   absl::StatusOr<BufferRef> Get(Slot slot, size_t bytes) {
@@ -142,7 +148,12 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   absl::Status SyncKv(const HostKv& kv, int64_t pos0);
   absl::Status RunLayer(int il, int64_t n, int64_t pos0, BufferRef x);
   absl::Status RunAttention(int il, int64_t n, int64_t pos0, BufferRef cur, BufferRef out);
-  absl::Status RunMoe(const DevLayer& l, int64_t n, BufferRef cur, BufferRef out);
+  absl::Status RunMoe(int il, int64_t n, BufferRef cur, BufferRef out);
+  // A MoE block with an expert pool: routing on the host, experts on the device (or
+  // the host: see DecoderView::expert_cache).
+  absl::Status RunPooledMoe(int il, int64_t n, BufferRef cur, BufferRef out);
+  // Makes the pinned expert's current bytes visible to the device; its block offset.
+  absl::StatusOr<uint64_t> PublishExpert(int il, int expert);
   absl::Status RunDenseFfn(const DevLayer& l, int64_t n, BufferRef cur, BufferRef out);
   // The f32 expert path: gate/up/silu*mul/down per chosen expert.
   absl::Status RunF32Experts(const DevLayer& l, int64_t n, int k, BufferRef cur,
@@ -168,6 +179,15 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   uint64_t kv_id_ = 0;
   int kv_capacity_ = 0;
   int64_t kv_valid_ = 0;
+  // The expert pool's region as the device sees it: over the host's memory
+  // (WrapHost, zero-copy) or a device copy; per layer, the experts' parts as matrices
+  // of that buffer (data.offset: the part's place in a block; empty: the layer runs
+  // on the host), and per (layer, expert) the block generation the device has.
+  Buffer region_;
+  bool region_copy_ = false;
+  std::vector<cl::FfnRef> pooled_parts_;
+  std::vector<uint64_t> published_;
+  DevicePoolStats pooled_stats_;
   // Tests: the injected failure (times == 0: none) and whether the running call fails.
   DeviceFailureForTesting failure_{.after_calls = 0, .layer = 0, .cl_error = 0, .times = 0};
   bool fail_this_call_ = false;
@@ -237,8 +257,8 @@ absl::Status OpenClDecoderImpl::UploadWeights() {
     MOERT_ASSIGN_OR_RETURN(l.wk, Upload(d, w.attn.wk, 1, blk + "attn_k.weight"));
     MOERT_ASSIGN_OR_RETURN(l.wv, Upload(d, w.attn.wv, 1, blk + "attn_v.weight"));
     MOERT_ASSIGN_OR_RETURN(l.wo, Upload(d, w.attn.wo, 1, blk + "attn_output.weight"));
-    if (spec_.is_moe() && view_.host_moe) {
-      continue;  // the MoE blocks run on the host, from the expert pool
+    if (spec_.is_moe() && view_.expert_cache != nullptr) {
+      continue;  // the routed experts are in the expert pool (SetUpPooledExperts)
     }
     if (spec_.is_moe()) {
       MOERT_ASSIGN_OR_RETURN(l.router, Upload(d, w.moe.router, 1, blk + "ffn_gate_inp.weight"));
@@ -255,7 +275,78 @@ absl::Status OpenClDecoderImpl::UploadWeights() {
                                              "'s FFN mixes packed and fp32 weights"));
     }
   }
+  if (view_.expert_cache != nullptr) SetUpPooledExperts();
   return device_->Finish();
+}
+
+void OpenClDecoderImpl::SetUpPooledExperts() {
+  const experts::ExpertCache& cache = *view_.expert_cache;
+  const experts::ExpertDirectory& dir = cache.directory();
+  const auto host = [&](std::string why) {
+    pooled_stats_.placement = StrCat("host: ", why);
+    pooled_parts_.clear();
+  };
+  if (view_.pooled_experts == PooledExperts::kHost) return host("PooledExperts::kHost");
+  // Per layer: every expert's parts in formats the kernels run (W4, W8) and at the
+  // same places in their blocks, so one matrix per part and an offset per expert
+  // address them all.
+  pooled_parts_.assign(view_.layers->size(), cl::FfnRef{});
+  int device_layers = 0;
+  std::string why_not;
+  for (int il = 0; il < static_cast<int>(pooled_parts_.size()); ++il) {
+    if (!dir.has_layer(il)) continue;  // a dense layer
+    const experts::ExpertInfo& first = dir.info(il, 0);
+    bool ok = true;
+    for (const experts::ExpertPart& p : first.parts) {
+      if (ok && p.format != WeightFormat::kW4 && p.format != WeightFormat::kW8) {
+        ok = false;
+        why_not = StrCat("layer ", il, "'s experts are packed as ",
+                         backend::WeightFormatName(p.format), " (no OpenCL kernels)");
+      }
+    }
+    for (int e = 1; ok && e < dir.n_expert(); ++e) {
+      for (size_t part = 0; part < first.parts.size(); ++part) {
+        const experts::ExpertPart& a = first.parts[part];
+        const experts::ExpertPart& b = dir.info(il, e).parts[part];
+        if (a.format != b.format || a.rows != b.rows || a.cols != b.cols ||
+            a.block_offset != b.block_offset) {
+          ok = false;
+          why_not = StrCat("layer ", il, "'s experts differ in layout");
+        }
+      }
+    }
+    if (!ok) continue;
+    const auto matrix = [&](experts::ExpertPartKind kind) {
+      // data: the part's place in a block, in region_ once it exists.
+      const experts::ExpertPart& p = first.parts[static_cast<size_t>(kind)];
+      BufferRef at;
+      at.offset = static_cast<size_t>(p.block_offset);
+      return cl::MatrixRef{at, p.format, dir.n_expert(), p.rows, p.cols,
+                           backend::PackedBytes(p.format, p.rows, p.cols)};
+    };
+    pooled_parts_[static_cast<size_t>(il)] = {matrix(experts::ExpertPartKind::kGate),
+                                              matrix(experts::ExpertPartKind::kUp),
+                                              matrix(experts::ExpertPartKind::kDown), {}};
+    ++device_layers;
+  }
+  if (device_layers == 0) return host(why_not.empty() ? "no pooled layer" : why_not);
+  // The region: zero-copy where the device reads host memory, else a device copy.
+  region_copy_ =
+      view_.pooled_experts == PooledExperts::kDeviceCopy || !device_->info().unified_memory;
+  absl::StatusOr<Buffer> region =
+      region_copy_
+          ? Buffer::Create(*device_, cache.expert_region_bytes())
+          : Buffer::WrapHost(*device_, cache.expert_region(), cache.expert_region_bytes());
+  if (!region.ok()) return host(std::string(region.status().message()));
+  region_ = std::move(*region);
+  for (cl::FfnRef& f : pooled_parts_) {
+    for (cl::MatrixRef* m : {&f.gate, &f.up, &f.down}) {
+      if (m->rows > 0) m->data.mem = region_.get();
+    }
+  }
+  published_.assign(pooled_parts_.size() * static_cast<size_t>(dir.n_expert()), 0);
+  pooled_stats_.placement = region_copy_ ? "device (copied per load)" : "device (zero-copy)";
+  if (!why_not.empty()) StrAppend(&pooled_stats_.placement, "; host for ", why_not);
 }
 
 absl::Status OpenClDecoderImpl::Project(const DevMatrix& w, int64_t g, BufferRef x, int64_t n,
@@ -409,17 +500,76 @@ absl::Status OpenClDecoderImpl::RunF32Experts(const DevLayer& l, int64_t n, int 
   return cl::MoeCombine(*device_, po, experts, weights, n, k, e_dim, out);
 }
 
-absl::Status OpenClDecoderImpl::RunMoe(const DevLayer& l, int64_t n, BufferRef cur,
-                                       BufferRef out) {
-  if (view_.host_moe) {
-    // The expert pool's MoE block on the host: router, residency-aware routing,
-    // streaming and prefetch as on the CPU backend, bit for bit on the same input.
-    const size_t values = static_cast<size_t>(n * spec_.n_embd);
-    std::vector<float> x(values), y(values);
-    MOERT_RETURN_IF_ERROR(ReadRef(*device_, cur, x.data(), values * 4));
-    MOERT_RETURN_IF_ERROR(view_.host_moe(static_cast<int>(&l - layers_.data()), x.data(), n, y.data()));
+absl::StatusOr<uint64_t> OpenClDecoderImpl::PublishExpert(int il, int expert) {
+  const experts::ExpertCache& cache = *view_.expert_cache;
+  const std::optional<experts::ExpertCache::Placement> at = cache.PlacementOf(il, expert);
+  if (!at) {
+    return absl::InternalError(StrCat("OpenCL: pinned expert ", expert, " of layer ", il,
+                                      " is not resident"));
+  }
+  uint64_t& seen = published_[static_cast<size_t>(il) * static_cast<size_t>(spec_.n_expert) +
+                              static_cast<size_t>(expert)];
+  if (seen != at->generation) {
+    const uint64_t bytes = cache.directory().info(il, expert).runtime_bytes;
+    MOERT_RETURN_IF_ERROR(
+        region_copy_ ? region_.Write(*device_, cache.expert_region() + at->offset, bytes, at->offset)
+                     : region_.Publish(*device_, at->offset, bytes));
+    seen = at->generation;
+    pooled_stats_.published_bytes += bytes;
+  }
+  return at->offset;
+}
+
+absl::Status OpenClDecoderImpl::RunPooledMoe(int il, int64_t n, BufferRef cur, BufferRef out) {
+  const MoeWeights& w = (*view_.layers)[static_cast<size_t>(il)].moe;
+  ThreadPool& pool = *view_.host_pool;
+  const size_t values = static_cast<size_t>(n * spec_.n_embd);
+  std::vector<float> x(values);
+  MOERT_RETURN_IF_ERROR(ReadRef(*device_, cur, x.data(), values * 4));
+  const MoeRoute route = RouteMoe(pool, w, x.data(), n);
+  const bool on_device =
+      il < static_cast<int>(pooled_parts_.size()) && pooled_parts_[static_cast<size_t>(il)].gate.rows > 0;
+  absl::StatusOr<std::vector<int>> pinned =
+      on_device ? AcquireRouted(w, route) : absl::ResourceExhaustedError("host");
+  if (!pinned.ok()) {
+    if (!absl::IsResourceExhausted(pinned.status())) return pinned.status();
+    // On the host: this layer cannot run on the device, or the batch's experts do not
+    // fit the pool together (RunMoeExperts runs them in subsets that do).
+    std::vector<float> y(values);
+    MOERT_RETURN_IF_ERROR(RunMoeExperts(pool, w, x.data(), n, route, y.data()));
+    ++pooled_stats_.host_batches;
     return WriteRef(*device_, out, y.data(), values * 4);
   }
+  experts::ExpertCache& cache = *view_.expert_cache;
+  absl::Status status = [&]() -> absl::Status {
+    cl::FfnRef f = pooled_parts_[static_cast<size_t>(il)];
+    std::vector<uint64_t> offsets(static_cast<size_t>(spec_.n_expert), 0);
+    for (int e : *pinned) {
+      MOERT_ASSIGN_OR_RETURN(offsets[static_cast<size_t>(e)], PublishExpert(il, e));
+    }
+    f.expert_offsets = offsets;
+    const size_t pairs = route.chosen.size();
+    MOERT_ASSIGN_OR_RETURN(BufferRef experts, Get(kExperts, pairs * 4));
+    MOERT_ASSIGN_OR_RETURN(BufferRef weights, Get(kWeights, pairs * 4));
+    static_assert(sizeof(int) == sizeof(int32_t));
+    MOERT_RETURN_IF_ERROR(WriteRef(*device_, experts, route.chosen.data(), pairs * 4));
+    MOERT_RETURN_IF_ERROR(WriteRef(*device_, weights, route.weights.data(), pairs * 4));
+    MOERT_ASSIGN_OR_RETURN(
+        BufferRef xq, Get(kXq, static_cast<size_t>(n * (spec_.n_embd / MOERT_QK)) * kA8Bytes));
+    MOERT_RETURN_IF_ERROR(cl::Q8Quant(*device_, cur, n, spec_.n_embd, xq));
+    MOERT_RETURN_IF_ERROR(
+        cl::FusedMoe(*device_, f, xq, n, route.k, experts, weights, out, op_scratch_));
+    // The kernels read the pinned blocks: they may go only once the device is done.
+    return device_->Finish();
+  }();
+  for (int e : *pinned) cache.Release(il, e);
+  if (status.ok()) ++pooled_stats_.device_batches;
+  return status;
+}
+
+absl::Status OpenClDecoderImpl::RunMoe(int il, int64_t n, BufferRef cur, BufferRef out) {
+  if (view_.expert_cache != nullptr) return RunPooledMoe(il, n, cur, out);
+  const DevLayer& l = layers_[static_cast<size_t>(il)];
   const int n_expert = static_cast<int>(spec_.n_expert);
   const int k = static_cast<int>(spec_.n_expert_used);
   MOERT_ASSIGN_OR_RETURN(BufferRef logits,
@@ -433,8 +583,8 @@ absl::Status OpenClDecoderImpl::RunMoe(const DevLayer& l, int64_t n, BufferRef c
   MOERT_ASSIGN_OR_RETURN(
       BufferRef xq, Get(kXq, static_cast<size_t>(n * (spec_.n_embd / MOERT_QK)) * kA8Bytes));
   MOERT_RETURN_IF_ERROR(cl::Q8Quant(*device_, cur, n, spec_.n_embd, xq));
-  return cl::FusedMoe(*device_, {l.gate.ref, l.up.ref, l.down.ref}, xq, n, k, experts, weights,
-                      out, op_scratch_);
+  return cl::FusedMoe(*device_, {l.gate.ref, l.up.ref, l.down.ref, {}}, xq, n, k, experts,
+                      weights, out, op_scratch_);
 }
 
 absl::Status OpenClDecoderImpl::RunDenseFfn(const DevLayer& l, int64_t n, BufferRef cur,
@@ -443,7 +593,7 @@ absl::Status OpenClDecoderImpl::RunDenseFfn(const DevLayer& l, int64_t n, Buffer
     MOERT_ASSIGN_OR_RETURN(
         BufferRef xq, Get(kXq, static_cast<size_t>(n * (spec_.n_embd / MOERT_QK)) * kA8Bytes));
     MOERT_RETURN_IF_ERROR(cl::Q8Quant(*device_, cur, n, spec_.n_embd, xq));
-    return cl::FusedMoe(*device_, {l.gate.ref, l.up.ref, l.down.ref}, xq, n, 1, {}, {}, out,
+    return cl::FusedMoe(*device_, {l.gate.ref, l.up.ref, l.down.ref, {}}, xq, n, 1, {}, {}, out,
                         op_scratch_);
   }
   const int64_t ff = l.gate.rows;
@@ -470,7 +620,7 @@ absl::Status OpenClDecoderImpl::RunLayer(int il, int64_t n, int64_t pos0, Buffer
   }
   MOERT_RETURN_IF_ERROR(cl::AddInPlace(*device_, x, out, n * e));
   MOERT_RETURN_IF_ERROR(cl::RmsNorm(*device_, x, n, e, l.ffn_norm, spec_.rms_eps, cur));
-  MOERT_RETURN_IF_ERROR(spec_.is_moe() ? RunMoe(l, n, cur, out) : RunDenseFfn(l, n, cur, out));
+  MOERT_RETURN_IF_ERROR(spec_.is_moe() ? RunMoe(il, n, cur, out) : RunDenseFfn(l, n, cur, out));
   return cl::AddInPlace(*device_, x, out, n * e);
 }
 

@@ -12,7 +12,6 @@
 #define MOERT_MODEL_OPENCL_DECODER_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -22,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "format/model_spec.h"
 #include "model/decoder.h"
+#include "model/layers.h"
 
 namespace moert::model {
 
@@ -35,11 +35,28 @@ struct DecoderView {
   const std::vector<LayerWeights>* layers = nullptr;
   AttentionOptions attention;
   bool shared_expert = false;
-  // Set for a model whose routed experts live in an expert pool (memory budget): each
-  // MoE block (router and experts) runs on the host through this, on the FFN input
-  // read back from the device, and its output goes back to the device; the experts are
-  // then never uploaded. Everything else stays on the device.
-  std::function<absl::Status(int layer, const float* x, int64_t n, float* out)> host_moe;
+  // Set for a model whose routed experts live in an expert pool (memory budget). Each
+  // MoE block's routing runs on the host (model::RouteMoe: the residency penalty and
+  // the prefetcher need the pool's state), on the FFN input read back from the device,
+  // and the chosen experts are pinned there (model::AcquireRouted); with
+  // PooledExperts::kDevice the fused MoE kernels then read them from the pool's memory
+  // through one buffer over its expert region (zero-copy where the device shares host
+  // memory, else a device copy of each block written when it is loaded or moved);
+  // with kHost, or where the device cannot (OpenClDecoder::pooled_stats says why), the
+  // experts run on the host (model::RunMoeExperts) and their output goes back to the
+  // device. Everything else stays on the device.
+  experts::ExpertCache* expert_cache = nullptr;
+  ThreadPool* host_pool = nullptr;  // with expert_cache: the host's share of the MoE block
+  PooledExperts pooled_experts = PooledExperts::kDevice;
+};
+
+// Where an expert pool's experts ran on the device path (OpenClDecoder::pooled_stats).
+struct DevicePoolStats {
+  // "device (zero-copy)", "device (copied per load)" or "host: <why>".
+  std::string placement;
+  uint64_t device_batches = 0;  // MoE blocks whose experts ran on the device
+  uint64_t host_batches = 0;    // ... on the host (kHost, or a batch too big for the pool)
+  uint64_t published_bytes = 0; // expert bytes made visible to the device (loads, moves)
 };
 
 // The host KV cache of one sequence, which a device run reads (positions it has not
@@ -65,6 +82,8 @@ class OpenClDecoder {
                                     float* logits) = 0;
   // The host cache `kv_id` changed (the CPU wrote it) at positions >= from.
   virtual void Invalidate(uint64_t kv_id, int64_t from) = 0;
+  // With an expert pool (DecoderView::expert_cache).
+  virtual DevicePoolStats pooled_stats() const = 0;
 
   // Tests: later ForwardBatch calls fail part-way as a real device failure would (see
   // DeviceFailureForTesting); replaces an earlier injection.

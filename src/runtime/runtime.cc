@@ -168,6 +168,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   info.device = backend.device;
   info.driver = backend.driver;
   info.backend_note = backend.cpu_reason;
+  info.pooled_experts = backend.pooled_experts;
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   reporter.Done();

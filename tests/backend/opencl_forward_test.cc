@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/opencl/cl_status.h"
+#include "common/greedy_run.h"
 #include "core/strings.h"
 #include "format/gguf.h"
 #include "model/decoder.h"
@@ -231,56 +232,159 @@ INSTANTIATE_TEST_SUITE_P(Models, OpenClQuantizedSlowTest,
                          ::testing::Values("tiny-moe-shakespeare-q8_0.gguf",
                                            "tiny-moe-shakespeare-q4_0.gguf"));
 
-// An expert pool on the device backend: the MoE blocks (router and pooled experts) run
-// on the host, the rest on the device. Against the CPU backend with the same pool
-// (residency penalty off): top-1 >= 99% and perplexity within 0.1% over 2 chunks; the
-// experts really come from the pool (misses); prefetch on gives the same bits as off.
-TEST(OpenClForwardTest, ExpertPoolRunsTheMoeBlocksOnTheHost) {
-  const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
-  auto file = format::GgufFile::Open(kModels + name);
-  ASSERT_TRUE(file.ok()) << file.status();
-  const auto load = [&](Backend backend, bool prefetch, std::string* skip) {
+// An expert pool on the device backend (residency penalty off): the routing runs on
+// the host from the pool's residency; the pooled experts compute on the device, read
+// from the pool's memory in place (PooledExperts::kDevice: zero-copy on PoCL, which
+// shares host memory) or from a device copy written per load (kDeviceCopy), or on the
+// host (kHost). Each against the CPU backend with the same pool: top-1 >= 99% and
+// perplexity within 0.1% over 2 chunks; the experts really come from the pool
+// (misses), and both device placements give the same bits, as does prefetch on (in a
+// 50% pool: at 25% this model's lazy window leaves prefetch no room).
+class OpenClPoolTest : public ::testing::Test {
+ protected:
+  static constexpr int kChunks = 2;
+  static constexpr char kName[] = "tiny-moe-shakespeare-q4_0.gguf";
+
+  void SetUp() override {
+    auto file = format::GgufFile::Open(kModels + kName);
+    ASSERT_TRUE(file.ok()) << file.status();
+    file_ = std::move(*file);
+    tokens_ = ValidTokens(*file_);
+    ASSERT_GE(tokens_.size(), size_t{kChunks * 128});
+  }
+
+  // The Q4_0 oracle with a 25% pool; null and *skip set without a device.
+  std::unique_ptr<Model> Load(Backend backend, PooledExperts placement, bool prefetch,
+                              std::string* skip, float dynamic_k_p = 0, double pool = 0.25) {
     ModelLoadOptions options;
     options.backend = backend;
-    options.expert_pool_fraction = 0.25;
+    options.expert_pool_fraction = pool;
     options.router.alpha = 0;
+    options.router.dynamic_k_p = dynamic_k_p;
+    options.router.k_max = dynamic_k_p > 0 ? 3 : 0;
     options.prefetch = prefetch;
     options.kv_cache_positions = 128;
-    auto model = Model::Load(**file, options);
+    options.opencl_pooled_experts = placement;
+    auto model = Model::Load(*file_, options);
     if (!model.ok() && backend == Backend::kOpenCl &&
         model.status().code() == absl::StatusCode::kFailedPrecondition) {
       *skip = std::string(model.status().message());
-      return std::unique_ptr<Model>();
+      return nullptr;
     }
     EXPECT_TRUE(model.ok()) << model.status();
-    return model.ok() ? std::move(*model) : std::unique_ptr<Model>();
-  };
+    return model.ok() ? std::move(*model) : nullptr;
+  }
+
+  Score Run(Model& model) { return ScoreChunks(model, tokens_, kChunks); }
+
+  std::unique_ptr<format::GgufFile> file_;
+  std::vector<int32_t> tokens_;
+};
+
+TEST_F(OpenClPoolTest, PooledExpertsRunOnTheDeviceFromThePoolsMemory) {
   std::string skip;
-  std::unique_ptr<Model> gpu = load(Backend::kOpenCl, false, &skip);
+  std::unique_ptr<Model> gpu = Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip);
   MOERT_SKIP_WITHOUT_DEVICE(skip);
   ASSERT_NE(gpu, nullptr);
-  EXPECT_EQ(gpu->backend_stats().backend, "OpenCL");
-  std::unique_ptr<Model> cpu = load(Backend::kCpu, false, &skip);
-  ASSERT_NE(cpu, nullptr);
-  std::unique_ptr<Model> gpu_prefetch = load(Backend::kOpenCl, true, &skip);
-  ASSERT_NE(gpu_prefetch, nullptr);
+  std::unique_ptr<Model> cpu = Load(Backend::kCpu, PooledExperts::kDevice, false, &skip);
+  std::unique_ptr<Model> copy = Load(Backend::kOpenCl, PooledExperts::kDeviceCopy, false, &skip);
+  std::unique_ptr<Model> host = Load(Backend::kOpenCl, PooledExperts::kHost, false, &skip);
+  // Prefetch needs room for a second slot beyond the lazy window: a 50% pool. Every
+  // batch's experts fit in either pool, so the device computes the same bits.
+  std::unique_ptr<Model> prefetch =
+      Load(Backend::kOpenCl, PooledExperts::kDevice, true, &skip, 0, /*pool=*/0.5);
+  ASSERT_TRUE(cpu && copy && host && prefetch);
 
-  const std::vector<int32_t> tokens = ValidTokens(**file);
-  constexpr int kChunks = 2;
-  ASSERT_GE(tokens.size(), size_t{kChunks * 128});
-  const Score c = ScoreChunks(*cpu, tokens, kChunks);
-  const Score g = ScoreChunks(*gpu, tokens, kChunks);
-  const Score p = ScoreChunks(*gpu_prefetch, tokens, kChunks);
-  ExpectAgreement(c, g, StrCat(name, ", pool 25%, ", kChunks, " chunks"));
+  const Score c = Run(*cpu);
+  const Score g = Run(*gpu);
+  ExpectAgreement(c, g, StrCat(kName, ", pool 25%, experts on the device"));
+  const Score h = Run(*host);
+  ExpectAgreement(c, h, StrCat(kName, ", pool 25%, experts on the host"));
+  const Score d = Run(*copy);
+  EXPECT_EQ(d.top1, g.top1);
+  EXPECT_EQ(d.nll, g.nll);  // the same kernels over the same bytes
+  const Score p = Run(*prefetch);
   EXPECT_EQ(p.top1, g.top1);
-  EXPECT_EQ(p.nll, g.nll);  // bit for bit: the host MoE is prefetch-independent
-  const MemoryStats m = gpu->memory_stats();
-  EXPECT_TRUE(m.expert_pool);
-  EXPECT_GT(m.pool.misses, 0u);
-  EXPECT_EQ(m.pool.pinned_experts, 0u);
-  EXPECT_EQ(gpu->backend_stats().fallbacks, 0u);
-  std::printf("%llu expert loads on the device run\n",
-              static_cast<unsigned long long>(m.pool.misses));
+  EXPECT_EQ(p.nll, g.nll);  // prefetch changes when experts load, not the routing
+  // Decoding, where the next layer's loads start while the device computes.
+  const test_util::GreedyRun gd = test_util::RunGreedy(*gpu, 12, 12);
+  const test_util::GreedyRun pd = test_util::RunGreedy(*prefetch, 12, 12);
+  EXPECT_EQ(pd.tokens, gd.tokens);
+  EXPECT_TRUE(test_util::SameBits(pd.decode, gd.decode));
+  EXPECT_GT(prefetch->memory_stats().pool.prefetches, 0u);
+
+  for (Model* m : {gpu.get(), copy.get(), host.get(), prefetch.get()}) {
+    const BackendStats b = m->backend_stats();
+    const MemoryStats mem = m->memory_stats();
+    EXPECT_EQ(b.backend, "OpenCL");
+    EXPECT_EQ(b.fallbacks, 0u);
+    EXPECT_GT(mem.pool.misses, 0u);  // the experts came from the pool
+    EXPECT_EQ(mem.pool.pinned_experts, 0u);
+    std::printf("%s: %llu MoE blocks on the device, %llu on the host, %llu bytes published, "
+                "%llu loads\n",
+                b.pooled_experts.c_str(), static_cast<unsigned long long>(b.pooled_device_batches),
+                static_cast<unsigned long long>(b.pooled_host_batches),
+                static_cast<unsigned long long>(b.pooled_published_bytes),
+                static_cast<unsigned long long>(mem.pool.misses));
+  }
+  EXPECT_EQ(gpu->backend_stats().pooled_experts, "device (zero-copy)");
+  EXPECT_EQ(copy->backend_stats().pooled_experts, "device (copied per load)");
+  EXPECT_EQ(host->backend_stats().pooled_experts.rfind("host: ", 0), 0u);
+  for (Model* m : {gpu.get(), copy.get(), prefetch.get()}) {
+    const BackendStats b = m->backend_stats();
+    EXPECT_GT(b.pooled_device_batches, 0u);
+    EXPECT_EQ(b.pooled_host_batches, 0u);
+    EXPECT_GT(b.pooled_published_bytes, 0u);
+  }
+  EXPECT_EQ(host->backend_stats().pooled_device_batches, 0u);
+  EXPECT_GT(host->backend_stats().pooled_host_batches, 0u);
+}
+
+// Dynamic k (the router may leave slots empty: expert -1, and give a token more slots
+// than the model's k) with the experts on the device: the CPU's tokens.
+TEST_F(OpenClPoolTest, DynamicKWithEmptySlotsOnTheDevice) {
+  std::string skip;
+  std::unique_ptr<Model> gpu =
+      Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip, /*dynamic_k_p=*/0.6f);
+  MOERT_SKIP_WITHOUT_DEVICE(skip);
+  ASSERT_NE(gpu, nullptr);
+  std::unique_ptr<Model> cpu =
+      Load(Backend::kCpu, PooledExperts::kDevice, false, &skip, /*dynamic_k_p=*/0.6f);
+  ASSERT_NE(cpu, nullptr);
+  ExpectAgreement(Run(*cpu), Run(*gpu), StrCat(kName, ", pool 25%, dynamic k"));
+  EXPECT_GT(gpu->backend_stats().pooled_device_batches, 0u);
+}
+
+// A pool too small for a prefill batch's experts: that batch's experts run on the host
+// (in subsets that fit), the decode steps' on the device; the CPU's greedy tokens, and
+// logits within a Q4_0 run's device-versus-CPU rounding.
+TEST_F(OpenClPoolTest, BatchesTooBigForThePoolRunOnTheHost) {
+  std::string skip;
+  std::unique_ptr<Model> gpu =
+      Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip, 0, /*pool=*/0.125);
+  MOERT_SKIP_WITHOUT_DEVICE(skip);
+  ASSERT_NE(gpu, nullptr);
+  std::unique_ptr<Model> cpu = Load(Backend::kCpu, PooledExperts::kDevice, false, &skip, 0, 0.125);
+  ASSERT_NE(cpu, nullptr);
+  const uint64_t capacity = gpu->memory_stats().pool.capacity_experts;
+  ASSERT_GE(capacity, 2u);
+  ASSERT_LT(capacity, 8u);  // a 24-token batch routes to more experts of a layer
+  const test_util::GreedyRun c = test_util::RunGreedy(*cpu, 24, 8);
+  const test_util::GreedyRun g = test_util::RunGreedy(*gpu, 24, 8);
+  EXPECT_EQ(g.tokens, c.tokens);
+  ASSERT_EQ(g.decode.size(), c.decode.size());
+  float worst = 0;
+  for (size_t i = 0; i < c.decode.size(); ++i) worst = std::max(worst, std::fabs(g.decode[i] - c.decode[i]));
+  EXPECT_LT(worst, 1e-3f);
+  const BackendStats b = gpu->backend_stats();
+  std::printf("pool of %llu experts: %llu MoE blocks on the device, %llu on the host, "
+              "decode logits within %g of the CPU's\n",
+              static_cast<unsigned long long>(capacity),
+              static_cast<unsigned long long>(b.pooled_device_batches),
+              static_cast<unsigned long long>(b.pooled_host_batches), worst);
+  EXPECT_GT(b.pooled_host_batches, 0u);
+  EXPECT_GE(b.pooled_device_batches, 8u * gpu->spec().n_layer);  // every decode step
+  EXPECT_EQ(gpu->memory_stats().pool.pinned_experts, 0u);
 }
 
 // --- A device that fails part-way through a batch (issue 8: "a build failure, an

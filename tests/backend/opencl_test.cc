@@ -337,7 +337,7 @@ std::vector<float> CheckFusedMoe(Device& device, WeightFormat format, int64_t n,
   Buffer dwt = Upload(device, weights);
   Buffer out = Alloc(device, want.size() * 4);
   Scratch scratch;
-  const FfnRef ffn{dg.ref, du.ref, dd.ref};
+  const FfnRef ffn{dg.ref, du.ref, dd.ref, {}};
   const absl::Status s = FusedMoe(device, ffn, a.device, n, k, routed ? BufferRef(de) : BufferRef(),
                                   routed ? BufferRef(dwt) : BufferRef(), out, scratch);
   EXPECT_TRUE(s.ok()) << s;
@@ -517,7 +517,7 @@ TEST_F(OpenClTest, RoutedMoeChainsOnTheDevice) {
   ASSERT_TRUE(QMatMul(device(), dr.ref, 0, a.device, n, dl).ok());
   ASSERT_TRUE(TopKRoute(device(), dl, n, n_expert, k, true, de, dw).ok());
   ASSERT_TRUE(
-      FusedMoe(device(), {dg.ref, du.ref, dd.ref}, a.device, n, k, de, dw, out, scratch).ok());
+      FusedMoe(device(), {dg.ref, du.ref, dd.ref, {}}, a.device, n, k, de, dw, out, scratch).ok());
   ASSERT_TRUE(device().Finish().ok());
   EXPECT_EQ(Download<int>(device(), de, experts.size()), experts);
   EXPECT_LT(Nmse(Download<float>(device(), out, want.size()), want), 1e-6);
@@ -534,8 +534,106 @@ TEST_F(OpenClTest, BadExpertIdGivesNanNotACrash) {
   Buffer out = Alloc(device(), 32 * 4);
   Scratch scratch;
   ASSERT_TRUE(
-      FusedMoe(device(), {dg.ref, dg.ref, dd.ref}, a.device, 1, 1, de, dw, out, scratch).ok());
+      FusedMoe(device(), {dg.ref, dg.ref, dd.ref, {}}, a.device, 1, 1, de, dw, out, scratch).ok());
   for (float v : Download<float>(device(), out, 32)) EXPECT_TRUE(std::isnan(v));
+}
+
+// Experts in an expert pool: blocks at scattered offsets of one host region that the
+// device reads through a WrapHost buffer (zero-copy where it shares host memory), each
+// block [gate | up | down]; routing with an empty slot (-1).
+TEST_F(OpenClTest, FusedMoeReadsPooledExpertsFromHostMemory) {
+  for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
+    const int n_expert = 5, k = 3;
+    const int64_t n = 4, n_embd = 64, n_ff = 96;
+    const PackedMatrix gate = MakePacked(format, n_expert, n_ff, n_embd, 1);
+    const PackedMatrix up = MakePacked(format, n_expert, n_ff, n_embd, 2);
+    const PackedMatrix down = MakePacked(format, n_expert, n_embd, n_ff, 3);
+    const size_t gb = gate.group_bytes(), db = down.group_bytes();
+    const size_t block = 4096 * ((2 * gb + db + 4095) / 4096);
+    // Expert e in slot slot_of[e] of 6 (slot 1 free), in a page-aligned region.
+    const std::vector<size_t> slot_of = {3, 0, 5, 2, 4};
+    const size_t region_bytes = 6 * block;
+    std::unique_ptr<uint8_t, decltype(&std::free)> region(
+        static_cast<uint8_t*>(std::aligned_alloc(4096, region_bytes)), &std::free);
+    std::memset(region.get(), 0xEE, region_bytes);
+    std::vector<uint64_t> offsets(n_expert);
+    const auto place = [&](int e, int as) {  // expert `as`'s weights into e's block
+      uint8_t* b = region.get() + offsets[static_cast<size_t>(e)];
+      std::memcpy(b, gate.group(as).data, gb);
+      std::memcpy(b + gb, up.group(as).data, gb);
+      std::memcpy(b + 2 * gb, down.group(as).data, db);
+    };
+    for (int e = 0; e < n_expert; ++e) {
+      offsets[static_cast<size_t>(e)] = slot_of[static_cast<size_t>(e)] * block;
+      place(e, e);
+    }
+    absl::StatusOr<Buffer> wrapped = Buffer::WrapHost(device(), region.get(), region_bytes);
+    ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+    ASSERT_TRUE(wrapped->Publish(device(), 0, region_bytes).ok());
+    const auto part = [&](const PackedMatrix& m, size_t at) {
+      return MatrixRef{BufferRef(*wrapped, at), format, n_expert, m.rows(), m.cols(),
+                       m.group_bytes()};
+    };
+    FfnRef ffn{part(gate, 0), part(up, gb), part(down, 2 * gb), offsets};
+
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n * n_embd), 5);
+    const A8Pair a = QuantizeBoth(device(), x, n, n_embd);
+    std::vector<int> experts = {4, 1, 2, /**/ 0, -1, 3, /**/ 2, 4, -1, /**/ 1, 3, 0};
+    std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.6f, 0.0f, 0.4f,
+                                  0.7f, 0.3f, 0.0f, 0.2f, 0.3f, 0.5f};
+    const auto cpu = [&](std::vector<int> as) {  // FusedFfn with expert e's weights = as[e]'s
+      std::vector<float> want(static_cast<size_t>(n * n_embd));
+      core::ThreadPool pool(1);
+      FusedFfn(
+          pool, kernels::GetKernelConfig(), a.cpu, k, experts.data(), weights.data(),
+          [&](int e) {
+            const int w = as[static_cast<size_t>(e)];
+            return FfnView{gate.group(w), up.group(w), down.group(w)};
+          },
+          n_embd, want.data());
+      return want;
+    };
+    Buffer de = Upload(device(), experts);
+    Buffer dw = Upload(device(), weights);
+    Buffer out = Alloc(device(), static_cast<size_t>(n * n_embd) * 4);
+    Scratch scratch;
+    const auto run = [&] {
+      const absl::Status s = FusedMoe(device(), ffn, a.device, n, k, de, dw, out, scratch);
+      EXPECT_TRUE(s.ok()) << s;
+      return Download<float>(device(), out, static_cast<size_t>(n * n_embd));
+    };
+    EXPECT_LT(Nmse(run(), cpu({0, 1, 2, 3, 4})), 1e-6) << WeightFormatName(format);
+
+    // The host rewrites expert 2's block with expert 0's weights (a new load into a
+    // reused block): once published, the device reads the new bytes.
+    place(2, 0);
+    ASSERT_TRUE(wrapped->Publish(device(), offsets[2], block).ok());
+    const std::vector<float> want = cpu({0, 1, 0, 3, 4});
+    EXPECT_LT(Nmse(run(), want), 1e-6) << WeightFormatName(format);
+    EXPECT_GT(Nmse(want, cpu({0, 1, 2, 3, 4})), 1e-3);  // the change is visible
+
+    // Bad placements are refused before anything runs.
+    std::vector<uint64_t> bad = offsets;
+    bad[1] = region_bytes - block / 2;  // the block runs past the region
+    ffn.expert_offsets = bad;
+    EXPECT_EQ(FusedMoe(device(), ffn, a.device, n, k, de, dw, out, scratch).code(),
+              absl::StatusCode::kOutOfRange);
+    ffn.expert_offsets = std::span<const uint64_t>(offsets).first(3);
+    EXPECT_EQ(FusedMoe(device(), ffn, a.device, n, k, de, dw, out, scratch).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_F(OpenClTest, PublishChecksItsBufferAndRange) {
+  std::vector<uint8_t> host(4096, 1);
+  absl::StatusOr<Buffer> wrapped = Buffer::WrapHost(device(), host.data(), host.size());
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  EXPECT_TRUE(wrapped->Publish(device(), 4000, 96).ok());
+  EXPECT_EQ(wrapped->Publish(device(), 4000, 97).code(), absl::StatusCode::kOutOfRange);
+  Buffer plain = Alloc(device(), 64);
+  EXPECT_EQ(plain.Publish(device(), 0, 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Buffer::WrapHost(device(), nullptr, 64).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(OpenClTest, HostVisibleBufferMapsForZeroCopy) {

@@ -200,10 +200,36 @@ TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
   for (int e = 0; e < 4; ++e) Use(*cache, model, 1, e);
   Use(*cache, model, 1, 0);
   Use(*cache, model, 1, 2);
+  // Placements (what a device's view of the pool follows): one generation per load.
+  std::vector<ExpertCache::Placement> before;
+  for (int e = 0; e < 4; ++e) {
+    const std::optional<ExpertCache::Placement> p = cache->PlacementOf(1, e);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->offset, cache->BlockOffset(1, e));
+    for (const ExpertCache::Placement& q : before) EXPECT_NE(q.generation, p->generation);
+    before.push_back(*p);
+  }
+  EXPECT_EQ(cache->PlacementOf(0, 0), std::nullopt);
   for (int i = 0; i < 5; ++i) cache->BeginStep();
   // A big expert: evicting 1 and 3 frees 128 KiB in two separate halves; the
   // defragmenter moves one small expert to join them.
   Use(*cache, model, 0, 0);
+  // The moved expert has a new offset and a new generation; the one left in place
+  // keeps both; the new expert's generation is new too.
+  int moved = 0;
+  for (int e : {0, 2}) {
+    const std::optional<ExpertCache::Placement> p = cache->PlacementOf(1, e);
+    ASSERT_TRUE(p.has_value());
+    const ExpertCache::Placement& b = before[static_cast<size_t>(e)];
+    EXPECT_EQ(p->offset != b.offset, p->generation != b.generation) << "expert " << e;
+    moved += p->offset != b.offset;
+  }
+  EXPECT_EQ(moved, 1);
+  EXPECT_EQ(cache->PlacementOf(1, 1), std::nullopt);
+  ASSERT_TRUE(cache->PlacementOf(0, 0).has_value());
+  for (const ExpertCache::Placement& b : before) {
+    EXPECT_GT(cache->PlacementOf(0, 0)->generation, b.generation);
+  }
   const ExpertCacheStats s = cache->stats();
   EXPECT_EQ(s.evictions, 2u);
   EXPECT_FALSE(cache->IsResident(1, 1));

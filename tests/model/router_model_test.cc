@@ -163,8 +163,9 @@ TEST(RouterModel, ResidencyPenaltyChangesChoicesOnlyUnderPressure) {
 
 TEST(RouterModel, ThermalAndDynamicKWithAPoolMatchFullyResident) {
   // Thermal: k = 2 - 1 = 1 at every token-layer; dynamic k: p = 0.6 leaves some
-  // tokens one expert. Either way the pool (alpha 0) changes nothing.
-  for (int mode = 0; mode < 2; ++mode) {
+  // tokens one expert; p = 0.9 with k_max 3 gives tokens 3 slots (more than the
+  // model's k). Either way the pool (alpha 0) changes nothing.
+  for (int mode = 0; mode < 3; ++mode) {
     ModelLoadOptions options = Options();
     options.router.alpha = 0;
     const auto hot = [&](Model& m) {
@@ -175,15 +176,17 @@ TEST(RouterModel, ThermalAndDynamicKWithAPoolMatchFullyResident) {
     if (mode == 0) {
       options.resource_monitor.thermal_limit_c = 80;
     } else {
-      options.router.dynamic_k_p = 0.6f;
+      options.router.dynamic_k_p = mode == 1 ? 0.6f : 0.9f;
+      options.router.k_max = mode == 1 ? 0 : 3;
     }
     const Generation resident = Generate(kQ4, options, 8, hot);
     options.expert_pool_fraction = 0.25;
     const Generation pooled = Generate(kQ4, options, 8, hot);
     ASSERT_FALSE(resident.routes.empty());
-    size_t empty_slots = 0, slots = 0;
+    size_t empty_slots = 0, slots = 0, full_three = 0;
     for (const Route& r : resident.routes) {
       slots += r.experts.size();
+      full_three += r.experts.size() == 3 && r.experts[2] != -1;
       empty_slots += static_cast<size_t>(std::count(r.experts.begin(), r.experts.end(), -1));
       ASSERT_NE(r.experts[0], -1);
     }
@@ -192,6 +195,9 @@ TEST(RouterModel, ThermalAndDynamicKWithAPoolMatchFullyResident) {
     } else {
       EXPECT_GT(empty_slots, 0u) << "dynamic k";
       EXPECT_LT(empty_slots * 2, slots) << "dynamic k";
+    }
+    if (mode == 2) {
+      EXPECT_GT(full_three, 0u) << "dynamic k: some tokens use 3 experts";
     }
     EXPECT_EQ(pooled.routes, resident.routes) << "mode " << mode;
     EXPECT_TRUE(SameBits(pooled.logits, resident.logits)) << "mode " << mode;

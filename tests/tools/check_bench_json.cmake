@@ -95,7 +95,7 @@ if(NOT n_records EQUAL n_tests)
 endif()
 
 set(string_fields build_commit cpu_info backends model_filename model_type type_k type_v
-    test_time isa io_mode)
+    test_time isa io_mode pooled_experts)
 set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg_ns stddev_ns
     avg_ts stddev_ts peak_rss_bytes budget_bytes expert_pool_bytes expert_pool_used_bytes
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate

@@ -6,6 +6,7 @@
 #define MOERT_BACKEND_OPENCL_BUFFER_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "backend/opencl/cl_status.h"
@@ -26,6 +27,11 @@ class Buffer {
   // `bytes` > 0. ResourceExhausted when the device cannot hold it (or it is above
   // CL_DEVICE_MAX_MEM_ALLOC_SIZE).
   static absl::StatusOr<Buffer> Create(Device& device, size_t bytes, bool host_visible = false);
+  // A buffer over host memory the caller keeps valid and writes (CL_MEM_USE_HOST_PTR):
+  // on a unified-memory device the kernels read it in place, without a copy; elsewhere
+  // the driver keeps a device copy. After the host writes a range, Publish it before a
+  // kernel reads it.
+  static absl::StatusOr<Buffer> WrapHost(Device& device, void* host, size_t bytes);
   // A buffer holding a copy of `bytes` bytes at `data`.
   static absl::StatusOr<Buffer> FromHost(Device& device, const void* data, size_t bytes,
                                          bool host_visible = false);
@@ -41,6 +47,11 @@ class Buffer {
   absl::StatusOr<void*> Map(Device& device, bool write);
   absl::Status Unmap(Device& device, void* mapped);
 
+  // WrapHost buffers: makes the host's writes to [offset, offset + bytes) visible to
+  // the device (a map for writing of the range, then its unmap: no copy where the
+  // device reads host memory in place, the range's upload where it does not).
+  absl::Status Publish(Device& device, size_t offset, size_t bytes);
+
   bool empty() const { return mem_ == nullptr; }
   cl_mem get() const { return mem_; }
   size_t size() const { return size_; }
@@ -48,6 +59,7 @@ class Buffer {
  private:
   cl_mem mem_ = nullptr;
   size_t size_ = 0;
+  uint8_t* host_ = nullptr;  // WrapHost's memory
 };
 
 // A place in a buffer for a kernel argument: the buffer and a byte offset (kept a

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "backend/opencl/program_cache.h"
 #include "core/status.h"
@@ -98,7 +99,8 @@ absl::StatusOr<std::string> FormatOption(WeightFormat format) {
   }
 }
 
-absl::Status CheckMatrix(const MatrixRef& w, std::string_view what) {
+// A matrix's shape (CheckMatrix without the buffer range).
+absl::Status CheckShape(const MatrixRef& w, std::string_view what) {
   if (w.rows <= 0 || w.cols <= 0 || w.cols % MOERT_QK != 0 || w.groups <= 0) {
     return absl::InvalidArgumentError(StrCat("OpenCL: ", what, " is ", w.rows, " x ", w.cols,
                                              " (cols must be a positive multiple of 32)"));
@@ -110,7 +112,33 @@ absl::Status CheckMatrix(const MatrixRef& w, std::string_view what) {
   if (w.rows > std::numeric_limits<int>::max() / 2 || w.cols / MOERT_QK > (1 << 24)) {
     return absl::InvalidArgumentError(StrCat("OpenCL: ", what, " is too large"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMatrix(const MatrixRef& w, std::string_view what) {
+  MOERT_RETURN_IF_ERROR(CheckShape(w, what));
   return CheckRange(w.data, w.group_bytes * static_cast<size_t>(w.groups), what);
+}
+
+// Every expert's part at offsets[e] past w.data lies in the buffer (FfnRef::
+// expert_offsets).
+absl::Status CheckPlacedExperts(const MatrixRef& w, std::span<const uint64_t> offsets,
+                                std::string_view what) {
+  MOERT_RETURN_IF_ERROR(CheckShape(w, what));
+  if (offsets.size() != static_cast<size_t>(w.groups)) {
+    return absl::InvalidArgumentError(StrCat("OpenCL: ", what, ": ", offsets.size(),
+                                             " expert offsets for ", w.groups, " experts"));
+  }
+  for (size_t e = 0; e < offsets.size(); ++e) {
+    if (offsets[e] > std::numeric_limits<size_t>::max() - w.data.offset) {
+      return absl::OutOfRangeError(
+          StrCat("OpenCL: ", what, " of expert ", e, " at offset ", offsets[e]));
+    }
+    BufferRef part = w.data;
+    part.offset += static_cast<size_t>(offsets[e]);
+    MOERT_RETURN_IF_ERROR(CheckRange(part, w.group_bytes, StrCat(what, " of expert ", e)));
+  }
+  return absl::OkStatus();
 }
 
 constexpr size_t kA8Bytes = sizeof(moert_a8_block);
@@ -194,9 +222,13 @@ absl::Status QMatMul(Device& device, const MatrixRef& w, int64_t group, BufferRe
 
 absl::Status FusedMoe(Device& device, const FfnRef& w, BufferRef x, int64_t n, int k,
                       BufferRef experts, BufferRef weights, BufferRef out, Scratch& scratch) {
-  MOERT_RETURN_IF_ERROR(CheckMatrix(w.gate, "expert gate weights"));
-  MOERT_RETURN_IF_ERROR(CheckMatrix(w.up, "expert up weights"));
-  MOERT_RETURN_IF_ERROR(CheckMatrix(w.down, "expert down weights"));
+  const bool placed = !w.expert_offsets.empty();
+  for (const auto& [part, what] : {std::pair{&w.gate, "expert gate weights"},
+                                   std::pair{&w.up, "expert up weights"},
+                                   std::pair{&w.down, "expert down weights"}}) {
+    MOERT_RETURN_IF_ERROR(placed ? CheckPlacedExperts(*part, w.expert_offsets, what)
+                                 : CheckMatrix(*part, what));
+  }
   const int64_t n_embd = w.gate.cols;
   const int64_t n_ff = w.gate.rows;
   if (w.up.rows != n_ff || w.up.cols != n_embd || w.down.rows != n_embd || w.down.cols != n_ff ||
@@ -227,13 +259,22 @@ absl::Status FusedMoe(Device& device, const FfnRef& w, BufferRef x, int64_t n, i
   MOERT_ASSIGN_OR_RETURN(BufferRef hq,
                          scratch.Get(device, 1, static_cast<size_t>(pairs * kb_ff) * kA8Bytes));
   const int n_expert = static_cast<int>(w.gate.groups);
+  BufferRef offsets;  // empty: stacked experts
+  if (placed) {
+    const size_t bytes = w.expert_offsets.size() * sizeof(uint64_t);
+    MOERT_ASSIGN_OR_RETURN(offsets, scratch.Get(device, 2, bytes));
+    MOERT_CL_RETURN_IF_ERROR(clEnqueueWriteBuffer(device.queue(), offsets.mem, CL_TRUE,
+                                                  offsets.offset, bytes, w.expert_offsets.data(),
+                                                  0, nullptr, nullptr),
+                             "clEnqueueWriteBuffer(expert offsets)");
+  }
   const size_t wg = Pow2Group(device, device.variant().gemm_wg);
   {
     MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
                            device.programs().Kernel("moe_gate_up", "moe_gate_up", option));
     BufferRef gate = w.gate.data, up = w.up.data;
-    MOERT_RETURN_IF_ERROR(SetArgs(kernel, gate, up, static_cast<uint64_t>(w.gate.group_bytes), x,
-                                  experts, static_cast<int>(!experts.empty()), h,
+    MOERT_RETURN_IF_ERROR(SetArgs(kernel, gate, up, static_cast<uint64_t>(w.gate.group_bytes),
+                                  offsets, static_cast<int>(placed), x, experts, static_cast<int>(!experts.empty()), h,
                                   static_cast<int>(n_ff), kb_embd, k, static_cast<int>(pairs),
                                   n_expert));
     const size_t global[2] = {static_cast<size_t>(n_ff), static_cast<size_t>(pairs)};
@@ -243,8 +284,8 @@ absl::Status FusedMoe(Device& device, const FfnRef& w, BufferRef x, int64_t n, i
   MOERT_RETURN_IF_ERROR(Q8Quant(device, h, pairs, n_ff, hq));
   MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
                          device.programs().Kernel("moe_down", "moe_down", down_option));
-  MOERT_RETURN_IF_ERROR(SetArgs(kernel, w.down.data, static_cast<uint64_t>(w.down.group_bytes), hq,
-                                experts, static_cast<int>(!experts.empty()), weights,
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, w.down.data, static_cast<uint64_t>(w.down.group_bytes),
+                                offsets, static_cast<int>(placed), hq, experts, static_cast<int>(!experts.empty()), weights,
                                 static_cast<int>(!weights.empty()), out, static_cast<int>(n_embd),
                                 kb_ff, k, static_cast<int>(n), n_expert));
   const size_t global[2] = {static_cast<size_t>(n_embd), static_cast<size_t>(n)};

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -78,14 +79,20 @@ struct FfnRef {
   MatrixRef gate;  // [n_ff][n_embd] per expert
   MatrixRef up;    // [n_ff][n_embd]
   MatrixRef down;  // [n_embd][n_ff]
+  // Experts at scattered places (an expert pool's blocks in one buffer): expert e's
+  // part starts expert_offsets[e] bytes past that part's data.offset (which is then the
+  // part's place within a block), instead of e * group_bytes. groups entries; only the
+  // experts routed to need a real place (each is checked against the buffer).
+  std::span<const uint64_t> expert_offsets;
 };
 
 // backend::FusedFfn on the device: out[t] = sum over slots s < k, in slot order, of
 // weights[t*k+s] * ffn(experts[t*k+s], x[t]) for the n A8 rows of x. `experts`
 // (int32, n*k) and `weights` (float, n*k) live on the device (TopKRoute's output);
 // `experts` empty: every slot is expert 0; `weights` empty: k must be 1 and out[t] =
-// ffn(x[t]). An expert id outside [0, groups) makes that token's output NaN (the
-// kernels never read outside the weights).
+// ffn(x[t]). Expert -1 is an empty slot (skipped; slot 0 must hold an expert, as in
+// backend::FusedFfn); another id outside [0, groups) makes that token's output NaN
+// (the kernels never read outside the weights).
 absl::Status FusedMoe(Device& device, const FfnRef& w, BufferRef x, int64_t n, int k,
                       BufferRef experts, BufferRef weights, BufferRef out, Scratch& scratch);
 
