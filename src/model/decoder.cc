@@ -209,6 +209,7 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
 
 BackendStats DecoderModel::backend_stats() const {
   BackendStats stats = backend_;
+  if (opencl_ != nullptr) stats.device_weight_bytes = opencl_->weight_bytes();
   if (opencl_ != nullptr && expert_cache_ != nullptr) {
     const DevicePoolStats pooled = opencl_->pooled_stats();
     stats.pooled_experts = pooled.placement;

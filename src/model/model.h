@@ -169,6 +169,9 @@ struct BackendStats {
   // "host: <why>"; the MoE blocks whose experts ran on the device and on the host; the
   // expert bytes made visible to the device (each load or defragmentation move once).
   std::string pooled_experts;
+  // Device memory the uploaded weights take (F16 tensors stay half there; an expert
+  // pool's region not counted).
+  uint64_t device_weight_bytes = 0;
   uint64_t pooled_device_batches = 0;
   uint64_t pooled_host_batches = 0;
   uint64_t pooled_published_bytes = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <optional>
 #include <cmath>
 #include <random>
@@ -13,6 +14,7 @@
 #include "backend/opencl/buffer.h"
 #include "backend/opencl/device.h"
 #include "backend/opencl/ops.h"
+#include "core/fp16.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "experts/expert_cache.h"
@@ -45,21 +47,36 @@ BufferRef At(BufferRef ref, size_t byte_offset) {
   return ref;
 }
 
-// A weight on the device: fp32 rows, or packed tiles (W4/W8) for the integer kernels.
+// A weight on the device: float rows (fp32, or half when every value is a half: an
+// F16 tensor keeps its size), or packed tiles (W4/W8) for the integer kernels.
 // `groups` matrices of `rows` x `cols` each (stacked experts: one per expert).
 struct DevMatrix {
   Buffer buffer;
   bool packed = false;
+  bool half = false;  // float rows stored as IEEE half
   cl::MatrixRef ref;  // packed
   int64_t groups = 1;
   int64_t rows = 0;  // per group
   int64_t cols = 0;
 
-  // Group g's fp32 rows.
-  BufferRef F32Group(int64_t g) const {
-    return BufferRef(buffer, static_cast<size_t>(g * rows * cols) * sizeof(float));
+  // Group g's float rows.
+  BufferRef FloatGroup(int64_t g) const {
+    return BufferRef(buffer, static_cast<size_t>(g * rows * cols) * (half ? 2 : 4));
   }
 };
+
+// `data` as halves when every value is one exactly (nullopt otherwise): the fp32 copy
+// of an F16 tensor.
+std::optional<std::vector<uint16_t>> ExactHalves(const std::vector<float>& data) {
+  std::vector<uint16_t> out(data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    out[i] = core::FloatToFp16(data[i]);
+    if (std::bit_cast<uint32_t>(core::Fp16ToFloat(out[i])) != std::bit_cast<uint32_t>(data[i])) {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<DevMatrix> Upload(cl::Device& device, const Matrix& m, int64_t groups,
                                  std::string_view name) {
@@ -86,6 +103,12 @@ absl::StatusOr<DevMatrix> Upload(cl::Device& device, const Matrix& m, int64_t gr
     return absl::InvalidArgumentError(StrCat("OpenCL backend: ", name, " has no weights"));
   }
   out.rows = m.rows / groups;
+  if (const std::optional<std::vector<uint16_t>> halves = ExactHalves(m.data)) {
+    out.half = true;
+    MOERT_ASSIGN_OR_RETURN(out.buffer,
+                           Buffer::FromHost(device, halves->data(), halves->size() * 2));
+    return out;
+  }
   MOERT_ASSIGN_OR_RETURN(out.buffer,
                          Buffer::FromHost(device, m.data.data(), m.data.size() * sizeof(float)));
   return out;
@@ -133,6 +156,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
     failure_ = failure;
   }
   DevicePoolStats pooled_stats() const override { return pooled_stats_; }
+  uint64_t weight_bytes() const override { return weight_bytes_; }
 
  private:
   absl::StatusOr<BufferRef> Get(Slot slot, size_t bytes) {
@@ -176,6 +200,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   // The device KV cache: layer l's keys at [l][kv_capacity_][KeyWidth()], mirroring
   // host cache kv_id_ at positions [0, kv_valid_).
   Buffer k_cache_, v_cache_;
+  uint64_t weight_bytes_ = 0;
   uint64_t kv_id_ = 0;
   int kv_capacity_ = 0;
   int64_t kv_valid_ = 0;
@@ -276,6 +301,16 @@ absl::Status OpenClDecoderImpl::UploadWeights() {
     }
   }
   if (view_.expert_cache != nullptr) SetUpPooledExperts();
+  // What the weights take on the device (the expert pool's region not counted).
+  const auto add = [&](const Buffer& b) { weight_bytes_ += b.size(); };
+  for (const Buffer* b : {&output_norm_, &rope_freqs_, &lm_head_.buffer}) add(*b);
+  for (const DevLayer& l : layers_) {
+    for (const Buffer* b : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
+                            &l.wq.buffer, &l.wk.buffer, &l.wv.buffer, &l.wo.buffer,
+                            &l.router.buffer, &l.gate.buffer, &l.up.buffer, &l.down.buffer}) {
+      add(*b);
+    }
+  }
   return device_->Finish();
 }
 
@@ -351,7 +386,7 @@ void OpenClDecoderImpl::SetUpPooledExperts() {
 
 absl::Status OpenClDecoderImpl::Project(const DevMatrix& w, int64_t g, BufferRef x, int64_t n,
                                         BufferRef y) {
-  if (!w.packed) return cl::F32MatMul(*device_, w.F32Group(g), w.rows, w.cols, x, n, y);
+  if (!w.packed) return cl::F32MatMul(*device_, w.FloatGroup(g), w.rows, w.cols, x, n, y, w.half);
   MOERT_ASSIGN_OR_RETURN(
       BufferRef xq, Get(kXq, static_cast<size_t>(n * (w.cols / MOERT_QK)) * kA8Bytes));
   MOERT_RETURN_IF_ERROR(cl::Q8Quant(*device_, x, n, w.cols, xq));

@@ -84,6 +84,8 @@ class OpenClDecoder {
   virtual void Invalidate(uint64_t kv_id, int64_t from) = 0;
   // With an expert pool (DecoderView::expert_cache).
   virtual DevicePoolStats pooled_stats() const = 0;
+  // Device memory the uploaded weights take (the expert pool's region not counted).
+  virtual uint64_t weight_bytes() const = 0;
 
   // Tests: later ForwardBatch calls fail part-way as a real device failure would (see
   // DeviceFailureForTesting); replaces an earlier injection.

@@ -109,6 +109,39 @@ TEST(OpenClForwardTest, F32GreedyContinuationIsTheCpus) {
   EXPECT_EQ(gpu.model->backend_stats().fallbacks, 0u);
 }
 
+// An F16 model's float weights stay half on the device (every value is one): about
+// half the device memory of the F32 model, and the CPU's tokens and logits (the same
+// weight values; only the attention's and norms' summation orders differ).
+TEST(OpenClForwardTest, F16WeightsStayHalfOnTheDevice) {
+  std::string skip;
+  Loaded gpu = Load("tiny-moe-shakespeare-f16.gguf", Backend::kOpenCl, &skip);
+  MOERT_SKIP_WITHOUT_DEVICE(skip);
+  ASSERT_NE(gpu.model, nullptr);
+  Loaded cpu = Load("tiny-moe-shakespeare-f16.gguf", Backend::kCpu, &skip);
+  Loaded gpu32 = Load("tiny-moe-shakespeare-f32.gguf", Backend::kOpenCl, &skip);
+  ASSERT_TRUE(cpu.model && gpu32.model);
+  const uint64_t f16_bytes = gpu.model->backend_stats().device_weight_bytes;
+  const uint64_t f32_bytes = gpu32.model->backend_stats().device_weight_bytes;
+  std::printf("device weights: F16 model %llu bytes, F32 model %llu bytes\n",
+              static_cast<unsigned long long>(f16_bytes),
+              static_cast<unsigned long long>(f32_bytes));
+  EXPECT_GT(f16_bytes, f32_bytes * 45 / 100);  // norms stay fp32
+  EXPECT_LT(f16_bytes, f32_bytes * 55 / 100);
+  const test_util::GreedyRun c = test_util::RunGreedy(*cpu.model, 12, 12);
+  const test_util::GreedyRun g = test_util::RunGreedy(*gpu.model, 12, 12);
+  EXPECT_EQ(g.tokens, c.tokens);
+  ASSERT_EQ(g.decode.size(), c.decode.size());
+  ASSERT_EQ(g.prefill.size(), c.prefill.size());
+  float worst = 0;
+  for (size_t i = 0; i < c.decode.size(); ++i) {
+    worst = std::max(worst, std::fabs(g.decode[i] - c.decode[i]));
+  }
+  for (size_t i = 0; i < c.prefill.size(); ++i) {
+    worst = std::max(worst, std::fabs(g.prefill[i] - c.prefill[i]));
+  }
+  EXPECT_LT(worst, 1e-4f);
+}
+
 // The KV cache the device fills is the host's: a sequence prefilled on the device
 // continues on the CPU model with the same logits as a CPU-only run.
 TEST(OpenClForwardTest, DeviceKeysAndValuesLandInTheHostCache) {

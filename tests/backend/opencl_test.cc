@@ -44,6 +44,7 @@
 #include "backend/opencl/program_cache.h"
 #include "backend/packing.h"
 #include "backend/qmatmul.h"
+#include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
 #include "format/ggml_types.h"
@@ -704,23 +705,36 @@ TEST_F(OpenClTest, BuildFailureReturnsTheBuildLog) {
 // over K with and without a tail past the blocks of 8, rows and tokens of 1 and more.
 TEST_F(OpenClTest, F32MatMulMatchesCpuBitForBit) {
   model::ThreadPool pool(1);
-  for (int64_t rows : {1, 7, 65}) {
-    for (int64_t cols : {8, 44, 256}) {
-      for (int64_t n : {1, 3}) {
-        const std::vector<float> w = RandomFloats(static_cast<size_t>(rows * cols), 11);
-        const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 12);
-        std::vector<float> want(static_cast<size_t>(n * rows));
-        model::MatMul(pool, model::MatrixView(w.data(), rows, cols), x.data(), n, want.data());
-        Buffer dw = Upload(device(), w), dx = Upload(device(), x);
-        Buffer dy = Alloc(device(), want.size() * 4);
-        ASSERT_TRUE(F32MatMul(device(), dw, rows, cols, dx, n, dy).ok());
-        EXPECT_EQ(Download<float>(device(), dy, want.size()), want)
-            << rows << " x " << cols << ", n " << n;
+  // half: the weights stored as IEEE half on the device (values that are halves).
+  for (bool half : {false, true}) {
+    for (int64_t rows : {1, 7, 65}) {
+      for (int64_t cols : {8, 44, 256}) {
+        for (int64_t n : {1, 3}) {
+          std::vector<float> w = RandomFloats(static_cast<size_t>(rows * cols), 11);
+          std::vector<uint16_t> w16(w.size());
+          for (size_t i = 0; i < w.size(); ++i) {
+            w16[i] = core::FloatToFp16(w[i]);
+            if (half) w[i] = core::Fp16ToFloat(w16[i]);
+          }
+          const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 12);
+          std::vector<float> want(static_cast<size_t>(n * rows));
+          model::MatMul(pool, model::MatrixView(w.data(), rows, cols), x.data(), n, want.data());
+          Buffer dw = half ? Upload(device(), w16) : Upload(device(), w);
+          Buffer dx = Upload(device(), x);
+          Buffer dy = Alloc(device(), want.size() * 4);
+          ASSERT_TRUE(F32MatMul(device(), dw, rows, cols, dx, n, dy, half).ok());
+          EXPECT_EQ(Download<float>(device(), dy, want.size()), want)
+              << rows << " x " << cols << ", n " << n << ", half " << half;
+        }
       }
     }
   }
   Buffer small = Alloc(device(), 16);
   EXPECT_EQ(F32MatMul(device(), small, 4, 4, small, 1, small).code(),
+            absl::StatusCode::kOutOfRange);
+  Buffer halves = Alloc(device(), 32), x = Alloc(device(), 64);
+  EXPECT_TRUE(F32MatMul(device(), halves, 4, 4, x, 1, x, /*half_weights=*/true).ok());
+  EXPECT_EQ(F32MatMul(device(), halves, 4, 5, x, 1, x, true).code(),
             absl::StatusCode::kOutOfRange);
 }
 

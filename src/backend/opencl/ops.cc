@@ -419,16 +419,19 @@ absl::Status Launch1D(Device& device, cl_kernel kernel, std::string_view name, i
 }  // namespace
 
 absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, BufferRef x,
-                       int64_t n, BufferRef y) {
+                       int64_t n, BufferRef y, bool half_weights) {
   if (rows <= 0 || cols <= 0 || n <= 0 || rows > std::numeric_limits<int>::max() ||
       cols > std::numeric_limits<int>::max() || n > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(
         StrCat("OpenCL f32 matmul: ", rows, " x ", cols, " weights, n = ", n));
   }
-  MOERT_RETURN_IF_ERROR(CheckRange(w, static_cast<size_t>(rows * cols) * 4, "f32 matmul weights"));
+  const size_t w_bytes = static_cast<size_t>(rows * cols) * (half_weights ? 2 : 4);
+  MOERT_RETURN_IF_ERROR(CheckRange(w, w_bytes, "f32 matmul weights"));
   MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(n * cols) * 4, "f32 matmul input"));
   MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(n * rows) * 4, "f32 matmul output"));
-  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("f32_gemm", "f32_matmul"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
+                         device.programs().Kernel("f32_gemm", "f32_matmul",
+                                                  half_weights ? "-DMOERT_W_HALF=1" : ""));
   MOERT_RETURN_IF_ERROR(SetArgs(kernel, w, x, y, static_cast<int>(rows), static_cast<int>(cols),
                                 static_cast<int>(n)));
   const size_t local[2] = {Pow2Group(device, 64), 1};

@@ -136,9 +136,10 @@ absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert
 // elementwise.cl); each is the CPU's arithmetic in the CPU's order.
 
 // y[t][r] = model::Dot(w row r, x row t) for n rows of x ([n][cols]); w is rows x cols
-// fp32, row-major. Bit for bit model::MatMul on fp32 weights.
+// fp32, row-major, or IEEE half when half_weights (core vload_half: any device).
+// Bit for bit model::MatMul on the same weight values.
 absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, BufferRef x,
-                       int64_t n, BufferRef y);
+                       int64_t n, BufferRef y, bool half_weights = false);
 
 // x[i] += y[i] for i < count.
 absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count);
