@@ -12,6 +12,9 @@
 //   MOERT_CL_INT_DOT_POLYFILL  tests only: software versions of the integer dot product
 //                         builtins, so that the MOERT_INT_DOT code runs on devices
 //                         without the extension (PoCL) and is checked against the CPU.
+//   MOERT_CL_ARM_DOT      the device has cl_arm_integer_dot_product_accumulate_int8
+//                         (Mali drivers without the khr extension).
+//   MOERT_CL_ARM_DOT_POLYFILL  tests only: arm_dot_acc in software, as above.
 
 // Helpers are `static inline`: a plain `inline` is C99's inline definition, which
 // emits no body, so a compiler that chooses not to inline one (clang does for
@@ -70,6 +73,24 @@ static inline int moert_dot_acc_us(uint a, uint b, int acc) {
 #define MOERT_INT_DOT 1
 #define moert_dot_acc_ss(a, b, acc) dot_acc_sat_4x8packed_ss_int((a), (b), (acc))
 #define moert_dot_acc_us(a, b, acc) dot_acc_sat_4x8packed_us_int((a), (b), (acc))
+#elif defined(MOERT_CL_ARM_DOT_POLYFILL) || \
+    (defined(MOERT_CL_ARM_DOT) && defined(cl_arm_integer_dot_product_accumulate_int8))
+// Arm's extension: arm_dot_acc(char4, char4, int), acc + the 4 products (not
+// saturating: a block's sums never come near the int32 range). It has no unsigned x
+// signed form, and needs none here: the only unsigned operand is W4's nibbles (0..15),
+// which as chars are the same values.
+#if defined(MOERT_CL_ARM_DOT_POLYFILL)
+static inline int moert_arm_dot_acc(char4 a, char4 b, int acc) {
+  const int4 p = convert_int4(a) * convert_int4(b);
+  return acc + ((p.x + p.y) + (p.z + p.w));
+}
+#else
+#pragma OPENCL EXTENSION cl_arm_integer_dot_product_accumulate_int8 : enable
+#define moert_arm_dot_acc(a, b, acc) arm_dot_acc((a), (b), (acc))
+#endif
+#define MOERT_INT_DOT 1
+#define moert_dot_acc_ss(a, b, acc) moert_arm_dot_acc(as_char4(a), as_char4(b), (acc))
+#define moert_dot_acc_us(a, b, acc) moert_arm_dot_acc(as_char4(a), as_char4(b), (acc))
 #else
 #define MOERT_INT_DOT 0
 #endif

@@ -805,10 +805,13 @@ TEST_F(OpenClTest, ElementwiseOpsMatchHostArithmetic) {
   }
 }
 
-// A second handle on the test device with the given GEMV split and, when `polyfill`,
-// the integer dot product path through the software builtins; `subgroups`: the
-// sub-group code with the work-group as the sub-group.
-std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, bool polyfill,
+// Which integer dot product path a test variant takes through software builtins:
+// none (the baseline), cl_khr_integer_dot_product's, or cl_arm's arm_dot_acc.
+enum class DotPolyfill { kNone, kKhr, kArm };
+
+// A second handle on the test device with the given GEMV split and integer dot path;
+// `subgroups`: the sub-group code with the work-group as the sub-group.
+std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, DotPolyfill dot,
                                     bool subgroups = false) {
   DeviceOptions options;
   options.allow_cpu = true;
@@ -816,7 +819,8 @@ std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, bool polyfi
   options.disable_cache = true;
   options.has_variant = true;
   options.variant = base.variant();
-  options.variant.int_dot_polyfill = polyfill;
+  options.variant.int_dot_polyfill = dot == DotPolyfill::kKhr;
+  options.variant.arm_dot_polyfill = dot == DotPolyfill::kArm;
   options.variant.subgroups_polyfill = subgroups;
   options.variant.gemv_k_split = k_split;
   absl::StatusOr<std::unique_ptr<Device>> d = Device::Open(options);
@@ -887,7 +891,8 @@ TEST_F(OpenClTest, IntDotPolyfillIsCompiledInAndFollowsTheBuiltins) {
   if (!device().info().HasExtension("cl_khr_integer_dot_product")) {
     EXPECT_EQ(base[0], 0);
   }
-  std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, true);
+  std::unique_ptr<Device> poly =
+      OpenVariant(device(), device().variant().gemv_k_split, DotPolyfill::kKhr);
   ASSERT_NE(poly, nullptr);
   const std::vector<int> got = ProbeIntDot(*poly, a, b, acc);
   ASSERT_EQ(got.size(), 1 + 2 * a.size());
@@ -898,12 +903,37 @@ TEST_F(OpenClTest, IntDotPolyfillIsCompiledInAndFollowsTheBuiltins) {
   }
 }
 
+// The khr and arm integer dot paths (through their polyfills) against the baseline.
+// cl_arm's path: arm_dot_acc is signed x signed and does not saturate, so the unsigned
+// operand may only hold bytes below 128 (W4's nibbles) and the sums stay in range.
+TEST_F(OpenClTest, ArmDotPolyfillIsCompiledInAndServesBothForms) {
+  const std::vector<uint32_t> a = {0x80808080u, 0x7f7f7f7fu, 0x01ff80f0u, 0x12345678u};
+  const std::vector<uint32_t> b = {0x80808080u, 0x80808080u, 0x7f02ff10u, 0x9abcdef0u};
+  const std::vector<int> acc = {0, -5, 1000, -4096};
+  std::unique_ptr<Device> arm =
+      OpenVariant(device(), device().variant().gemv_k_split, DotPolyfill::kArm);
+  ASSERT_NE(arm, nullptr);
+  EXPECT_NE(arm->variant().BuildOptions().find("-DMOERT_CL_ARM_DOT_POLYFILL=1"), std::string::npos);
+  const std::vector<int> got = ProbeIntDot(*arm, a, b, acc);
+  ASSERT_EQ(got.size(), 1 + 2 * a.size());
+  ASSERT_EQ(got[0], 1) << "MOERT_CL_ARM_DOT_POLYFILL did not select the integer dot path";
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(got[1 + 2 * i], RefDotAcc(a[i], b[i], acc[i], false)) << "ss " << i;
+    // The unsigned form: right exactly when a's bytes are below 128 (nibbles).
+    const bool small = (a[i] & 0x80808080u) == 0;
+    if (small) {
+      EXPECT_EQ(got[2 + 2 * i], RefDotAcc(a[i], b[i], acc[i], true)) << "us " << i;
+    }
+  }
+}
+
 TEST_P(OpenClMatMulTest, IntDotPathGivesTheBaselineBits) {
   const WeightFormat format = GetParam();
-  for (int k_split : {1, 4}) {
+  for (const auto& [k_split, dot] :
+       {std::pair{1, DotPolyfill::kKhr}, {4, DotPolyfill::kKhr}, {1, DotPolyfill::kArm}}) {
     // The same GEMV split on both sides: only the integer path differs.
-    std::unique_ptr<Device> base = OpenVariant(device(), k_split, false);
-    std::unique_ptr<Device> poly = OpenVariant(device(), k_split, true);
+    std::unique_ptr<Device> base = OpenVariant(device(), k_split, DotPolyfill::kNone);
+    std::unique_ptr<Device> poly = OpenVariant(device(), k_split, dot);
     ASSERT_NE(base, nullptr);
     ASSERT_NE(poly, nullptr);
     for (int64_t rows : {1, 13, 100}) {
@@ -967,8 +997,8 @@ int ProbeMacro(Device& device, const std::string& name) {
 // to the CPU as the local-memory split, and with the integer dot path the same bits.
 TEST_P(OpenClMatMulTest, SubgroupSplitKGemvMatchesCpu) {
   const WeightFormat format = GetParam();
-  std::unique_ptr<Device> sg = OpenVariant(device(), 4, false, true);
-  std::unique_ptr<Device> sg_dot = OpenVariant(device(), 4, true, true);
+  std::unique_ptr<Device> sg = OpenVariant(device(), 4, DotPolyfill::kNone, true);
+  std::unique_ptr<Device> sg_dot = OpenVariant(device(), 4, DotPolyfill::kKhr, true);
   ASSERT_NE(sg, nullptr);
   ASSERT_NE(sg_dot, nullptr);
   ASSERT_EQ(ProbeMacro(*sg, "MOERT_SUBGROUPS"), 1);
@@ -1003,17 +1033,20 @@ TEST_P(OpenClMatMulTest, SubgroupSplitKGemvMatchesCpu) {
 }
 
 TEST_F(OpenClTest, IntDotPathFusedMoeGivesTheBaselineBits) {
-  std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, true);
-  ASSERT_NE(poly, nullptr);
-  for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
-    for (const auto& [n, k, routed] :
-         {std::tuple<int64_t, int, bool>{1, 2, true}, {5, 3, true}, {4, 1, false}}) {
-      const std::vector<float> want = CheckFusedMoe(device(), format, n, k, routed);
-      const std::vector<float> got = CheckFusedMoe(*poly, format, n, k, routed);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(got[i], want[i]) << WeightFormatName(format) << " n=" << n << " k=" << k
-                                   << " routed=" << routed << " at " << i;
+  for (DotPolyfill dot : {DotPolyfill::kKhr, DotPolyfill::kArm}) {
+    std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, dot);
+    ASSERT_NE(poly, nullptr);
+    for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
+      for (const auto& [n, k, routed] :
+           {std::tuple<int64_t, int, bool>{1, 2, true}, {5, 3, true}, {4, 1, false}}) {
+        const std::vector<float> want = CheckFusedMoe(device(), format, n, k, routed);
+        const std::vector<float> got = CheckFusedMoe(*poly, format, n, k, routed);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i], want[i]) << WeightFormatName(format) << " n=" << n << " k=" << k
+                                     << " routed=" << routed
+                                     << " arm " << (dot == DotPolyfill::kArm) << " at " << i;
+        }
       }
     }
   }
@@ -1050,9 +1083,21 @@ TEST(OpenClVariantTest, VendorTilesAndExtensions) {
   EXPECT_FALSE(v.use_fp16);
   EXPECT_EQ(v.gemv_k_split, 4);
   EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_INT_DOT=1"), std::string::npos);
+  EXPECT_FALSE(v.use_arm_dot);
+  // A Mali driver with only Arm's extension takes the arm_dot_acc path; with both, khr.
+  info.extensions = "cl_arm_integer_dot_product_int8 cl_arm_integer_dot_product_accumulate_int8";
+  v = DefaultVariant(info);
+  EXPECT_TRUE(v.use_arm_dot);
+  EXPECT_FALSE(v.use_int_dot);
+  EXPECT_NE(v.BuildOptions().find("-DMOERT_CL_ARM_DOT=1"), std::string::npos);
+  info.extensions = "cl_khr_integer_dot_product cl_arm_integer_dot_product_accumulate_int8";
+  v = DefaultVariant(info);
+  EXPECT_TRUE(v.use_int_dot);
+  EXPECT_FALSE(v.use_arm_dot);
   // The polyfills are for tests: never chosen for a device, and passed when asked for.
   EXPECT_FALSE(v.int_dot_polyfill);
   EXPECT_FALSE(v.subgroups_polyfill);
+  EXPECT_FALSE(v.arm_dot_polyfill);
   EXPECT_EQ(v.BuildOptions().find("POLYFILL"), std::string::npos);
   v.int_dot_polyfill = true;
   v.subgroups_polyfill = true;

@@ -151,8 +151,10 @@ std::string KernelVariant::BuildOptions() const {
   if (use_subgroups) s += " -DMOERT_CL_SUBGROUPS=1";
   if (use_qcom_subgroup_size) s += " -DMOERT_CL_QCOM_SUBGROUP_SIZE=1";
   if (use_int_dot) s += " -DMOERT_CL_INT_DOT=1";
+  if (use_arm_dot) s += " -DMOERT_CL_ARM_DOT=1";
   if (int_dot_polyfill) s += " -DMOERT_CL_INT_DOT_POLYFILL=1";
   if (subgroups_polyfill) s += " -DMOERT_CL_SUBGROUPS_POLYFILL=1";
+  if (arm_dot_polyfill) s += " -DMOERT_CL_ARM_DOT_POLYFILL=1";
   return s;
 }
 
@@ -165,6 +167,8 @@ KernelVariant DefaultVariant(const DeviceInfo& info) {
   v.use_subgroups = false;
   v.use_qcom_subgroup_size = info.HasExtension("cl_qcom_reqd_sub_group_size");
   v.use_int_dot = info.HasExtension("cl_khr_integer_dot_product");
+  v.use_arm_dot =
+      !v.use_int_dot && info.HasExtension("cl_arm_integer_dot_product_accumulate_int8");
   const bool gpu = (info.type & CL_DEVICE_TYPE_GPU) != 0;
   switch (info.vendor_kind) {
     case Vendor::kAdreno:

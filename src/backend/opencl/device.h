@@ -55,11 +55,16 @@ struct KernelVariant {
   bool use_subgroups = false;           // cl_khr_subgroups or cl_intel_subgroups (reductions)
   bool use_qcom_subgroup_size = false;  // cl_qcom_reqd_sub_group_size (Adreno)
   bool use_int_dot = false;             // cl_khr_integer_dot_product (Mali, newer Adreno)
+  // cl_arm_integer_dot_product_accumulate_int8 (Mali drivers without the khr
+  // extension): the same integer path through arm_dot_acc. Only when !use_int_dot.
+  bool use_arm_dot = false;
   // Tests only: the integer dot product path with software builtins, so that it runs
   // (and is compared with the CPU) on a device without the extension. Never default.
   bool int_dot_polyfill = false;
   // Tests only: the sub-group code with the work-group as one sub-group (local memory).
   bool subgroups_polyfill = false;
+  // Tests only: the cl_arm integer dot path with a software arm_dot_acc.
+  bool arm_dot_polyfill = false;
   // GEMV: work-items that split one output row's K blocks (1: one work-item per row,
   // the exact block order of kernels/ukernel.h; >1: a tree reduction, a few ulps off).
   int gemv_k_split = 1;
