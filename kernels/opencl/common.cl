@@ -112,6 +112,21 @@ static inline int dot16_acc_us(uint4 a, uint4 b, int acc) {
 }
 #endif
 
+// The sum of v over the n work-items (a power of two) of linear local ids lid = 0..n-1,
+// as a tree in local memory `red` (one float per work-item): the same order for every
+// caller (wg_reduce_sum, and the sub-group polyfill below). Every work-item calls it.
+static inline float tree_sum(float v, __local float* red, int lid, int n) {
+  red[lid] = v;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = n / 2; s > 0; s >>= 1) {
+    if (lid < s) red[lid] = red[lid] + red[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float r = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
+}
+
 // Sub-group reductions (MOERT_SUBGROUPS == 1): moert_sg_size() is the size of every
 // sub-group of a work-group whose size it divides, and moert_sg_reduce_add(v, red) the
 // sum of v over the caller's sub-group (every work-item of the sub-group must call
@@ -125,16 +140,7 @@ static inline uint moert_sg_size(void) {
 static inline float moert_sg_reduce_add(float v, __local float* red) {
   const int lid = (int)(get_local_id(0) +
                         get_local_size(0) * (get_local_id(1) + get_local_size(1) * get_local_id(2)));
-  const int n = (int)moert_sg_size();
-  red[lid] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = n / 2; s > 0; s >>= 1) {
-    if (lid < s) red[lid] = red[lid] + red[lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float r = red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
+  return tree_sum(v, red, lid, (int)moert_sg_size());
 }
 #elif defined(MOERT_CL_SUBGROUPS) && \
     (defined(cl_khr_subgroups) || defined(__opencl_c_subgroups) || defined(cl_intel_subgroups))
@@ -231,19 +237,10 @@ static inline float w_row_dot(__global const uchar* w, int row, int kb, __global
 
 static inline float moert_silu(float x) { return x / (1.0f + exp(-x)); }
 
-// Tree reductions over a work-group of power-of-two size in local memory `red`.
+// Tree reductions over a work-group of power-of-two size in local memory `red`
+// (tree_sum, above, is the sum's tree).
 static inline float wg_reduce_sum(float v, __local float* red) {
-  const int lid = (int)get_local_id(0);
-  const int n = (int)get_local_size(0);
-  red[lid] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = n / 2; s > 0; s >>= 1) {
-    if (lid < s) red[lid] = red[lid] + red[lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float r = red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
+  return tree_sum(v, red, (int)get_local_id(0), (int)get_local_size(0));
 }
 
 static inline float wg_reduce_max(float v, __local float* red) {

@@ -229,6 +229,14 @@ absl::Status DecoderModel::InjectDeviceFailureForTesting(const DeviceFailureForT
   return absl::OkStatus();
 }
 
+absl::Status DecoderModel::SpoilZeroCopyCheckForTesting() {
+  if (opencl_ == nullptr) {
+    return absl::FailedPreconditionError("the model has no OpenCL forward to spoil");
+  }
+  opencl_->SpoilZeroCopyCheckForTesting();
+  return absl::OkStatus();
+}
+
 absl::Status DecoderModel::FallBackToCpuForTesting() {
   if (opencl_ == nullptr) {
     return absl::FailedPreconditionError("the model has no OpenCL forward to fall back from");

@@ -135,6 +135,9 @@ class DecoderModel : public Model {
   // after kDeviceFailuresBeforeCpu in a row) on a model loaded with Backend::kOpenCl:
   // kAuto takes only a GPU, so tests on PoCL's CPU device reach the fallback this way.
   absl::Status FallBackToCpuForTesting();
+  // Tests: the OpenCL forward's zero-copy check of the expert pool sees stale bytes
+  // (OpenClDecoder::SpoilZeroCopyCheckForTesting). FailedPrecondition without one.
+  absl::Status SpoilZeroCopyCheckForTesting();
   // Batches the device ran to the end (tests: the device is used again after a fallback).
   uint64_t DeviceBatchesForTesting() const { return device_batches_; }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstring>
 #include <optional>
 #include <cmath>
 #include <random>
@@ -157,6 +158,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   }
   DevicePoolStats pooled_stats() const override { return pooled_stats_; }
   uint64_t weight_bytes() const override { return weight_bytes_; }
+  void SpoilZeroCopyCheckForTesting() override { spoil_zero_copy_check_ = true; }
 
  private:
   absl::StatusOr<BufferRef> Get(Slot slot, size_t bytes) {
@@ -178,6 +180,9 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   absl::Status RunPooledMoe(int il, int64_t n, BufferRef cur, BufferRef out);
   // Makes the pinned expert's current bytes visible to the device; its block offset.
   absl::StatusOr<uint64_t> PublishExpert(int il, int expert);
+  // Zero-copy: checks once that the device reads the bytes the host published at
+  // `offset`; if not, switches the region to a device copy (republishing everything).
+  absl::Status CheckZeroCopy(uint64_t offset, uint64_t bytes);
   absl::Status RunDenseFfn(const DevLayer& l, int64_t n, BufferRef cur, BufferRef out);
   // The f32 expert path: gate/up/silu*mul/down per chosen expert.
   absl::Status RunF32Experts(const DevLayer& l, int64_t n, int k, BufferRef cur,
@@ -210,6 +215,8 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   // on the host), and per (layer, expert) the block generation the device has.
   Buffer region_;
   bool region_copy_ = false;
+  bool zero_copy_checked_ = false;
+  bool spoil_zero_copy_check_ = false;  // tests: the check sees stale bytes
   std::vector<cl::FfnRef> pooled_parts_;
   std::vector<uint64_t> published_;
   DevicePoolStats pooled_stats_;
@@ -546,13 +553,44 @@ absl::StatusOr<uint64_t> OpenClDecoderImpl::PublishExpert(int il, int expert) {
                               static_cast<size_t>(expert)];
   if (seen != at->generation) {
     const uint64_t bytes = cache.directory().info(il, expert).runtime_bytes;
-    MOERT_RETURN_IF_ERROR(
-        region_copy_ ? region_.Write(*device_, cache.expert_region() + at->offset, bytes, at->offset)
-                     : region_.Publish(*device_, at->offset, bytes));
+    if (!region_copy_) {
+      MOERT_RETURN_IF_ERROR(region_.Publish(*device_, at->offset, bytes));
+      if (!zero_copy_checked_) MOERT_RETURN_IF_ERROR(CheckZeroCopy(at->offset, bytes));
+    }
+    if (region_copy_) {
+      MOERT_RETURN_IF_ERROR(
+          region_.Write(*device_, cache.expert_region() + at->offset, bytes, at->offset));
+    }
     seen = at->generation;
     pooled_stats_.published_bytes += bytes;
   }
   return at->offset;
+}
+
+absl::Status OpenClDecoderImpl::CheckZeroCopy(uint64_t offset, uint64_t bytes) {
+  // The first expert published: does the device read what the host wrote? A driver
+  // that copied or pinned the region's pages when it was wrapped (most of them were
+  // not yet committed) would show stale bytes; then a device copy takes over.
+  zero_copy_checked_ = true;
+  const experts::ExpertCache& cache = *view_.expert_cache;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, 256));
+  std::vector<uint8_t> seen(n);
+  MOERT_RETURN_IF_ERROR(region_.Read(*device_, seen.data(), n, static_cast<size_t>(offset)));
+  if (spoil_zero_copy_check_ && n > 0) seen[0] = static_cast<uint8_t>(~seen[0]);
+  if (std::memcmp(seen.data(), cache.expert_region() + offset, n) == 0) return absl::OkStatus();
+  MOERT_ASSIGN_OR_RETURN(Buffer copy, Buffer::Create(*device_, cache.expert_region_bytes()));
+  region_ = std::move(copy);
+  region_copy_ = true;
+  for (cl::FfnRef& f : pooled_parts_) {
+    for (cl::MatrixRef* m : {&f.gate, &f.up, &f.down}) {
+      if (m->rows > 0) m->data.mem = region_.get();
+    }
+  }
+  std::fill(published_.begin(), published_.end(), 0);  // everything again, into the copy
+  pooled_stats_.placement = StrCat(
+      "device (copied per load: the zero-copy view read stale bytes)",
+      pooled_stats_.placement.substr(std::string_view("device (zero-copy)").size()));
+  return absl::OkStatus();
 }
 
 absl::Status OpenClDecoderImpl::RunPooledMoe(int il, int64_t n, BufferRef cur, BufferRef out) {
@@ -577,11 +615,17 @@ absl::Status OpenClDecoderImpl::RunPooledMoe(int il, int64_t n, BufferRef cur, B
   }
   experts::ExpertCache& cache = *view_.expert_cache;
   absl::Status status = [&]() -> absl::Status {
-    cl::FfnRef f = pooled_parts_[static_cast<size_t>(il)];
     std::vector<uint64_t> offsets(static_cast<size_t>(spec_.n_expert), 0);
-    for (int e : *pinned) {
-      MOERT_ASSIGN_OR_RETURN(offsets[static_cast<size_t>(e)], PublishExpert(il, e));
+    // Twice when the zero-copy check turned the region into a copy part-way: the
+    // experts published before it go into the copy too.
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool was_copy = region_copy_;
+      for (int e : *pinned) {
+        MOERT_ASSIGN_OR_RETURN(offsets[static_cast<size_t>(e)], PublishExpert(il, e));
+      }
+      if (region_copy_ == was_copy) break;
     }
+    cl::FfnRef f = pooled_parts_[static_cast<size_t>(il)];
     f.expert_offsets = offsets;
     const size_t pairs = route.chosen.size();
     MOERT_ASSIGN_OR_RETURN(BufferRef experts, Get(kExperts, pairs * 4));

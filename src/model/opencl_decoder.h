@@ -86,6 +86,9 @@ class OpenClDecoder {
   virtual DevicePoolStats pooled_stats() const = 0;
   // Device memory the uploaded weights take (the expert pool's region not counted).
   virtual uint64_t weight_bytes() const = 0;
+  // Tests: the zero-copy check (the device reading what the host wrote into the
+  // expert pool) fails, as on a driver that copied the region when it was wrapped.
+  virtual void SpoilZeroCopyCheckForTesting() = 0;
 
   // Tests: later ForwardBatch calls fail part-way as a real device failure would (see
   // DeviceFailureForTesting); replaces an earlier injection.

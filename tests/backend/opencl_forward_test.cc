@@ -373,6 +373,36 @@ TEST_F(OpenClPoolTest, PooledExpertsRunOnTheDeviceFromThePoolsMemory) {
   EXPECT_GT(host->backend_stats().pooled_host_batches, 0u);
 }
 
+// A driver whose zero-copy view of the pool shows stale bytes (it copied or pinned
+// the region's pages when it was wrapped; injected): the first expert published is
+// read back and compared, the region becomes a device copy, and the results are the
+// copy placement's, bit for bit.
+TEST_F(OpenClPoolTest, StaleZeroCopyViewFallsBackToADeviceCopy) {
+  std::string skip;
+  std::unique_ptr<Model> gpu = Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip);
+  MOERT_SKIP_WITHOUT_DEVICE(skip);
+  ASSERT_NE(gpu, nullptr);
+  std::unique_ptr<Model> copy = Load(Backend::kOpenCl, PooledExperts::kDeviceCopy, false, &skip);
+  ASSERT_NE(copy, nullptr);
+  auto* decoder = dynamic_cast<DecoderModel*>(gpu.get());
+  ASSERT_NE(decoder, nullptr);
+  ASSERT_TRUE(decoder->SpoilZeroCopyCheckForTesting().ok());
+  EXPECT_EQ(gpu->backend_stats().pooled_experts, "device (zero-copy)");
+  const Score g = Run(*gpu);
+  const Score c = Run(*copy);
+  EXPECT_EQ(g.top1, c.top1);
+  EXPECT_EQ(g.nll, c.nll);
+  EXPECT_EQ(gpu->backend_stats().pooled_experts,
+            "device (copied per load: the zero-copy view read stale bytes)");
+  EXPECT_EQ(gpu->backend_stats().pooled_host_batches, 0u);
+  // Without the injection the check passes and zero-copy stays.
+  std::unique_ptr<Model> clean = Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip);
+  ASSERT_NE(clean, nullptr);
+  const Score z = Run(*clean);
+  EXPECT_EQ(z.nll, c.nll);
+  EXPECT_EQ(clean->backend_stats().pooled_experts, "device (zero-copy)");
+}
+
 // Dynamic k (the router may leave slots empty: expert -1, and give a token more slots
 // than the model's k) with the experts on the device: the CPU's tokens.
 TEST_F(OpenClPoolTest, DynamicKWithEmptySlotsOnTheDevice) {
@@ -479,65 +509,81 @@ void ExpectSameGeneration(const Generation& got, const Generation& want, const c
   }
 }
 
-// The F32 model on the OpenCL device (PoCL's CPU device here) as a DecoderModel, with
-// kAuto's failure policy when `auto_policy` (kAuto itself takes only a GPU).
-struct DeviceModel {
-  Loaded loaded;
-  DecoderModel* decoder = nullptr;
-};
-DeviceModel LoadDeviceModel(bool auto_policy, std::string* skip) {
-  DeviceModel out;
-  out.loaded = Load(kF32, Backend::kOpenCl, skip);
-  if (out.loaded.model == nullptr) return out;
-  out.decoder = dynamic_cast<DecoderModel*>(out.loaded.model.get());
-  EXPECT_NE(out.decoder, nullptr);
-  if (out.decoder != nullptr && auto_policy) {
-    const absl::Status s = out.decoder->FallBackToCpuForTesting();
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return out;
-}
-
-// Fills the device's copy of a KV cache of `capacity` positions with another text's keys
-// and values (one device batch), so that rows a failed batch did not write are wrong
-// there, not left over by chance from an identical earlier run (PoCL hands a freed
-// buffer's memory to the next one).
-void SpoilDeviceKvCache(Model& model, int capacity) {
-  std::vector<int32_t> other(32);
-  for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<int32_t>(100 + 37 * i);
-  auto cache = model.NewKvCache(capacity).value();
-  std::vector<float> logits;
-  const absl::Status s = model.Forward(other, cache.get(), LogitsFor::kLast, &logits);
-  EXPECT_TRUE(s.ok()) << s;
-}
-
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// The F32 model on the OpenCL device (PoCL's CPU device here) as a DecoderModel, and
+// on the CPU for the expected results; the test is skipped without a device.
+class OpenClFallbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    device_ = Load(kF32, Backend::kOpenCl, &skip);
+    MOERT_SKIP_WITHOUT_DEVICE(skip);
+    ASSERT_NE(device_.model, nullptr);
+    decoder_ = dynamic_cast<DecoderModel*>(device_.model.get());
+    ASSERT_NE(decoder_, nullptr);
+    cpu_ = Load(kF32, Backend::kCpu, &skip);
+    ASSERT_NE(cpu_.model, nullptr);
+  }
+
+  // kAuto's failure policy on the device model (kAuto itself takes only a GPU).
+  void UseAutoPolicy() {
+    const absl::Status s = decoder_->FallBackToCpuForTesting();
+    EXPECT_TRUE(s.ok()) << s;
+  }
+
+  // The CPU's greedy continuation of kRomeo.
+  Generation CpuGreedy(int steps = kSteps) { return GreedyWithLogits(cpu(), kRomeo, steps); }
+
+  // Fills the device's copy of a KV cache of `capacity` positions with another text's
+  // keys and values (one device batch), so that rows a failed batch did not write are
+  // wrong there, not left over by chance from an identical earlier run (PoCL hands a
+  // freed buffer's memory to the next one). Returns the device batches so far, which
+  // the test's own batches add to.
+  uint64_t SpoilDeviceKvCache(int capacity) {
+    std::vector<int32_t> other(32);
+    for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<int32_t>(100 + 37 * i);
+    auto cache = device().NewKvCache(capacity).value();
+    std::vector<float> logits;
+    const absl::Status s = device().Forward(other, cache.get(), LogitsFor::kLast, &logits);
+    EXPECT_TRUE(s.ok()) << s;
+    return device_batches();
+  }
+
+  // A failure injected into the device model (DeviceFailureForTesting's fields).
+  absl::Status Inject(int after_calls, int layer, int cl_error, int times = 1) {
+    DeviceFailureForTesting failure;
+    failure.after_calls = after_calls;
+    failure.layer = layer;
+    failure.cl_error = cl_error;
+    failure.times = times;
+    return decoder_->InjectDeviceFailureForTesting(failure);
+  }
+
+  Model& device() { return *device_.model; }
+  Model& cpu() { return *cpu_.model; }
+  uint64_t device_batches() const { return decoder_->DeviceBatchesForTesting(); }
+
+  Loaded device_;
+  DecoderModel* decoder_ = nullptr;
+  Loaded cpu_;
+};
+
 // One failure at the 3rd decode step, in layer 1 of 4: that step runs on the CPU (counted,
 // the Status kept), the steps after it on the device again, which must upload the K/V
 // rows the CPU wrote (layers 2 and 3 of that position never reached the device).
-TEST(OpenClFallbackTest, AutoRunsAFailedDecodeStepOnTheCpuThenReturnsToTheDevice) {
-  std::string skip;
-  DeviceModel dev = LoadDeviceModel(true, &skip);
-  MOERT_SKIP_WITHOUT_DEVICE(skip);
-  ASSERT_NE(dev.decoder, nullptr);
-  Loaded cpu = Load(kF32, Backend::kCpu, &skip);
-  ASSERT_NE(cpu.model, nullptr);
-  const Generation want = GreedyWithLogits(*cpu.model, kRomeo, kSteps);
-  SpoilDeviceKvCache(*dev.loaded.model, 256);
-  const uint64_t batches = dev.decoder->DeviceBatchesForTesting();
+TEST_F(OpenClFallbackTest, AutoRunsAFailedDecodeStepOnTheCpuThenReturnsToTheDevice) {
+  UseAutoPolicy();
+  const Generation want = CpuGreedy();
+  const uint64_t batches = SpoilDeviceKvCache(256);
 
   // Calls: the prefill, decode steps 1 and 2 run; decode step 3 fails.
-  DeviceFailureForTesting failure;
-  failure.after_calls = 3;
-  failure.layer = 1;
-  failure.cl_error = CL_OUT_OF_RESOURCES;
-  ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
-  const Generation got = GreedyWithLogits(*dev.loaded.model, kRomeo, kSteps);
+  ASSERT_TRUE(Inject(3, 1, CL_OUT_OF_RESOURCES).ok());
+  const Generation got = GreedyWithLogits(device(), kRomeo, kSteps);
   ExpectSameGeneration(got, want, "a failure at decode step 3");
-  const BackendStats stats = dev.loaded.model->backend_stats();
+  const BackendStats stats = device().backend_stats();
   EXPECT_EQ(stats.backend, "OpenCL");
   EXPECT_EQ(stats.fallbacks, 1u);
   EXPECT_TRUE(Contains(stats.last_fallback, "RESOURCE_EXHAUSTED")) << stats.last_fallback;
@@ -546,25 +592,20 @@ TEST(OpenClFallbackTest, AutoRunsAFailedDecodeStepOnTheCpuThenReturnsToTheDevice
                        "CL_OUT_OF_RESOURCES"))
       << stats.last_fallback;
   // Every step but the failed one ran on the device.
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting() - batches, uint64_t{kSteps - 1});
+  EXPECT_EQ(device_batches() - batches, uint64_t{kSteps - 1});
 
   // And with no failure, the same model: the CPU's result again, all on the device.
-  const Generation clean = GreedyWithLogits(*dev.loaded.model, kRomeo, kSteps);
+  const Generation clean = GreedyWithLogits(device(), kRomeo, kSteps);
   ExpectSameGeneration(clean, want, "no failure");
-  EXPECT_EQ(dev.loaded.model->backend_stats().fallbacks, 1u);
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting() - batches, uint64_t{2 * kSteps - 1});
+  EXPECT_EQ(device().backend_stats().fallbacks, 1u);
+  EXPECT_EQ(device_batches() - batches, uint64_t{2 * kSteps - 1});
 }
 
 // A failure in a prefill batch (16 tokens, all rows' logits): that batch's logits are
 // the CPU's bit for bit (the CPU ran it, from the same empty cache), and the decode
 // steps after it run on the device from the K/V rows the CPU wrote.
-TEST(OpenClFallbackTest, AutoRunsAFailedPrefillOnTheCpuThenDecodesOnTheDevice) {
-  std::string skip;
-  DeviceModel dev = LoadDeviceModel(true, &skip);
-  MOERT_SKIP_WITHOUT_DEVICE(skip);
-  ASSERT_NE(dev.decoder, nullptr);
-  Loaded cpu = Load(kF32, Backend::kCpu, &skip);
-  ASSERT_NE(cpu.model, nullptr);
+TEST_F(OpenClFallbackTest, AutoRunsAFailedPrefillOnTheCpuThenDecodesOnTheDevice) {
+  UseAutoPolicy();
   const std::vector<int32_t> prompt = {1,    826, 2007, 13,  2010, 270, 1999, 275,
                                        2014, 277, 309,  261, 271,  584, 260,  1992};
   auto run = [&](Model& model, std::vector<float>* prefill_logits) {
@@ -585,47 +626,32 @@ TEST(OpenClFallbackTest, AutoRunsAFailedPrefillOnTheCpuThenDecodesOnTheDevice) {
     return g;
   };
   std::vector<float> want_prefill, got_prefill;
-  const Generation want = run(*cpu.model, &want_prefill);
-  SpoilDeviceKvCache(*dev.loaded.model, 64);
-  const uint64_t batches = dev.decoder->DeviceBatchesForTesting();
+  const Generation want = run(cpu(), &want_prefill);
+  const uint64_t batches = SpoilDeviceKvCache(64);
 
-  DeviceFailureForTesting failure;
-  failure.after_calls = 0;
-  failure.layer = 2;
-  failure.cl_error = CL_MEM_OBJECT_ALLOCATION_FAILURE;
-  ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
-  const Generation got = run(*dev.loaded.model, &got_prefill);
+  ASSERT_TRUE(Inject(0, 2, CL_MEM_OBJECT_ALLOCATION_FAILURE).ok());
+  const Generation got = run(device(), &got_prefill);
   ASSERT_EQ(got_prefill.size(), want_prefill.size());
   EXPECT_EQ(
       0, std::memcmp(got_prefill.data(), want_prefill.data(), want_prefill.size() * sizeof(float)))
       << "the prefill that fell back is not the CPU's bit for bit";
   ExpectSameGeneration(got, want, "decode after a failed prefill");
-  EXPECT_EQ(dev.loaded.model->backend_stats().fallbacks, 1u);
-  EXPECT_TRUE(Contains(dev.loaded.model->backend_stats().last_fallback,
+  EXPECT_EQ(device().backend_stats().fallbacks, 1u);
+  EXPECT_TRUE(Contains(device().backend_stats().last_fallback,
                        "CL_MEM_OBJECT_ALLOCATION_FAILURE"));
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting() - batches, uint64_t{kSteps});
+  EXPECT_EQ(device_batches() - batches, uint64_t{kSteps});
 }
 
 // A lost device fails every batch: each request falls back and is counted, the CPU's
 // tokens come out, and after kDeviceFailuresBeforeCpu in a row the model gives the
 // device up for good and says so.
-TEST(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
-  std::string skip;
-  DeviceModel dev = LoadDeviceModel(true, &skip);
-  MOERT_SKIP_WITHOUT_DEVICE(skip);
-  ASSERT_NE(dev.decoder, nullptr);
-  Loaded cpu = Load(kF32, Backend::kCpu, &skip);
-  ASSERT_NE(cpu.model, nullptr);
-  const Generation want = GreedyWithLogits(*cpu.model, kRomeo, kSteps);
+TEST_F(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
+  UseAutoPolicy();
+  const Generation want = CpuGreedy();
 
   // The prefill runs on the device; every batch after it fails.
-  DeviceFailureForTesting failure;
-  failure.after_calls = 1;
-  failure.layer = 1;
-  failure.cl_error = CL_DEVICE_NOT_AVAILABLE;
-  failure.times = -1;
-  ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
-  Model& model = *dev.loaded.model;
+  ASSERT_TRUE(Inject(1, 1, CL_DEVICE_NOT_AVAILABLE, -1).ok());
+  Model& model = device();
   auto cache = model.NewKvCache(256).value();
   Generation got;
   std::vector<int32_t> batch = kRomeo;
@@ -647,9 +673,9 @@ TEST(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
       << stats.cpu_reason;
   EXPECT_TRUE(Contains(stats.cpu_reason, "CL_DEVICE_NOT_AVAILABLE")) << stats.cpu_reason;
   EXPECT_TRUE(stats.device.empty()) << stats.device;
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting(), 1u);
+  EXPECT_EQ(device_batches(), 1u);
   // No device left to fail.
-  EXPECT_EQ(dev.decoder->InjectDeviceFailureForTesting(failure).code(),
+  EXPECT_EQ(Inject(1, 1, CL_DEVICE_NOT_AVAILABLE, -1).code(),
             absl::StatusCode::kFailedPrecondition);
   // A new sequence runs on the CPU, with the CPU's result bit for bit.
   const Generation again = GreedyWithLogits(model, kRomeo, kSteps);
@@ -658,32 +684,19 @@ TEST(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
 }
 
 // Failures that are not in a row keep the device: a success in between resets the count.
-TEST(OpenClFallbackTest, AutoKeepsTheDeviceWhenFailuresAreNotInARow) {
-  std::string skip;
-  DeviceModel dev = LoadDeviceModel(true, &skip);
-  MOERT_SKIP_WITHOUT_DEVICE(skip);
-  ASSERT_NE(dev.decoder, nullptr);
+TEST_F(OpenClFallbackTest, AutoKeepsTheDeviceWhenFailuresAreNotInARow) {
+  UseAutoPolicy();
   constexpr int kGiveUp = DecoderModel::kDeviceFailuresBeforeCpu;
-  Generation want;
-  {
-    Loaded cpu = Load(kF32, Backend::kCpu, &skip);
-    ASSERT_NE(cpu.model, nullptr);
-    want = GreedyWithLogits(*cpu.model, kRomeo, 2 * kGiveUp + 2);
-  }
-  Model& model = *dev.loaded.model;
-  SpoilDeviceKvCache(model, 256);
-  const uint64_t batches = dev.decoder->DeviceBatchesForTesting();
+  const Generation want = CpuGreedy(2 * kGiveUp + 2);
+  Model& model = device();
+  const uint64_t batches = SpoilDeviceKvCache(256);
   auto cache = model.NewKvCache(256).value();
   Generation got;
   std::vector<int32_t> batch = kRomeo;
-  // In layer 0: the device never sees layers 1..3's rows of the failed positions.
-  DeviceFailureForTesting failure;
-  failure.layer = 0;
-  failure.cl_error = CL_OUT_OF_RESOURCES;
-  failure.times = kGiveUp - 1;
   for (int round = 0; round < 2; ++round) {
-    // kGiveUp - 1 failed requests, then one on the device.
-    ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
+    // kGiveUp - 1 failed requests, then one on the device. In layer 0: the device never
+    // sees layers 1..3's rows of the failed positions.
+    ASSERT_TRUE(Inject(0, 0, CL_OUT_OF_RESOURCES, kGiveUp - 1).ok());
     for (int i = 0; i < kGiveUp; ++i) {
       ASSERT_TRUE(Step(model, cache.get(), batch, &got).ok());
       batch = {got.tokens.back()};
@@ -696,30 +709,21 @@ TEST(OpenClFallbackTest, AutoKeepsTheDeviceWhenFailuresAreNotInARow) {
   ExpectSameGeneration(got, want, "failures not in a row");
   EXPECT_EQ(model.backend_stats().backend, "OpenCL");
   EXPECT_EQ(model.backend_stats().fallbacks, static_cast<uint64_t>(2 * (kGiveUp - 1)));
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting() - batches, 4u);
+  EXPECT_EQ(device_batches() - batches, 4u);
 }
 
 // Backend::kOpenCl does not fall back: the failure is the Forward call's Status, naming
 // the OpenCL call and error; the cache keeps the positions it had, and the same model
 // and cache carry on (retrying the step) with the CPU's result.
-TEST(OpenClFallbackTest, OpenClBackendReturnsTheFailureAndStaysUsable) {
-  std::string skip;
-  DeviceModel dev = LoadDeviceModel(false, &skip);
-  MOERT_SKIP_WITHOUT_DEVICE(skip);
-  ASSERT_NE(dev.decoder, nullptr);
-  Loaded cpu = Load(kF32, Backend::kCpu, &skip);
-  ASSERT_NE(cpu.model, nullptr);
-  const Generation want = GreedyWithLogits(*cpu.model, kRomeo, kSteps);
+TEST_F(OpenClFallbackTest, OpenClBackendReturnsTheFailureAndStaysUsable) {
+  const Generation want = CpuGreedy();
 
-  Model& model = *dev.loaded.model;
+  Model& model = device();
   auto cache = model.NewKvCache(256).value();
   Generation got;
   std::vector<float> logits;
   // A prefill that fails: nothing cached.
-  DeviceFailureForTesting failure;
-  failure.layer = 2;
-  failure.cl_error = CL_OUT_OF_RESOURCES;
-  ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
+  ASSERT_TRUE(Inject(0, 2, CL_OUT_OF_RESOURCES).ok());
   absl::Status s = model.Forward(kRomeo, cache.get(), LogitsFor::kLast, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_TRUE(Contains(std::string(s.message()),
@@ -729,10 +733,7 @@ TEST(OpenClFallbackTest, OpenClBackendReturnsTheFailureAndStaysUsable) {
   ASSERT_TRUE(Step(model, cache.get(), kRomeo, &got).ok());
   std::vector<int32_t> batch = {got.tokens.back()};
   // A decode step that fails (a command queue gone), then is retried.
-  failure.after_calls = 2;
-  failure.layer = 1;
-  failure.cl_error = CL_INVALID_COMMAND_QUEUE;
-  ASSERT_TRUE(dev.decoder->InjectDeviceFailureForTesting(failure).ok());
+  ASSERT_TRUE(Inject(2, 1, CL_INVALID_COMMAND_QUEUE).ok());
   for (int i = 1; i < kSteps; ++i) {
     const int before = cache->size();
     s = Step(model, cache.get(), batch, &got);
@@ -749,7 +750,7 @@ TEST(OpenClFallbackTest, OpenClBackendReturnsTheFailureAndStaysUsable) {
   ExpectSameGeneration(got, want, "kOpenCl after two failures");
   EXPECT_EQ(model.backend_stats().backend, "OpenCL");
   EXPECT_EQ(model.backend_stats().fallbacks, 0u);
-  EXPECT_EQ(dev.decoder->DeviceBatchesForTesting(), uint64_t{kSteps});
+  EXPECT_EQ(device_batches(), uint64_t{kSteps});
 }
 
 TEST(OpenClForwardTest, BackendNamesParse) {

@@ -30,11 +30,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "backend/opencl/buffer.h"
@@ -828,11 +830,46 @@ std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, DotPolyfill
   return d.ok() ? std::move(d).value() : nullptr;
 }
 
+// An argument of a probe kernel: a buffer or an int.
+using ProbeArg = std::variant<cl_mem, cl_int>;
+
+// Builds common.cl followed by `kernel_text` on `device`, runs its kernel `probe` with
+// `args` as ONE work-item, and returns the first `n_out` ints of `out` (one of the
+// args); empty when the program does not build.
+std::vector<int> RunSingleItem(Device& device, const std::string& kernel_text,
+                               std::initializer_list<ProbeArg> args, const Buffer& out,
+                               size_t n_out) {
+  absl::StatusOr<cl_program> program =
+      device.programs().Build(std::string(*EmbeddedSource("common")) + kernel_text, "");
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return {};
+  cl_int err = CL_SUCCESS;
+  cl_kernel kernel = clCreateKernel(*program, "probe", &err);
+  EXPECT_EQ(err, CL_SUCCESS);
+  cl_uint index = 0;
+  for (const ProbeArg& arg : args) {
+    std::visit(
+        [&](const auto& value) {
+          EXPECT_EQ(clSetKernelArg(kernel, index, sizeof(value), &value), CL_SUCCESS)
+              << "arg " << index;
+        },
+        arg);
+    ++index;
+  }
+  const size_t one = 1;
+  EXPECT_EQ(
+      clEnqueueNDRangeKernel(device.queue(), kernel, 1, nullptr, &one, &one, 0, nullptr, nullptr),
+      CL_SUCCESS);
+  std::vector<int> got = Download<int>(device, out, n_out);
+  clReleaseKernel(kernel);
+  return got;
+}
+
 // Runs common.cl's integer dot product helpers on `device`: out[0] = MOERT_INT_DOT, and
 // with the path compiled in, out[1..] = moert_dot_acc_ss / _us of the probe inputs.
 std::vector<int> ProbeIntDot(Device& device, const std::vector<uint32_t>& a,
                              const std::vector<uint32_t>& b, const std::vector<int>& acc) {
-  const std::string text = std::string(*EmbeddedSource("common")) + R"(
+  const char* kernel_text = R"(
 __kernel void probe(__global const uint* a, __global const uint* b, __global const int* acc,
                     int n, __global int* out) {
   out[0] = MOERT_INT_DOT;
@@ -844,27 +881,11 @@ __kernel void probe(__global const uint* a, __global const uint* b, __global con
 #endif
 }
 )";
-  absl::StatusOr<cl_program> program = device.programs().Build(text, "");
-  EXPECT_TRUE(program.ok()) << program.status();
-  if (!program.ok()) return {};
-  cl_int err = CL_SUCCESS;
-  cl_kernel kernel = clCreateKernel(*program, "probe", &err);
-  EXPECT_EQ(err, CL_SUCCESS);
   const Buffer da = Upload(device, a), db = Upload(device, b), dacc = Upload(device, acc);
-  Buffer out = Alloc(device, (1 + 2 * a.size()) * sizeof(int));
-  const cl_int n = static_cast<cl_int>(a.size());
-  const cl_mem mems[] = {da.get(), db.get(), dacc.get()};
-  for (cl_uint i = 0; i < 3; ++i) EXPECT_EQ(clSetKernelArg(kernel, i, sizeof(cl_mem), &mems[i]), 0);
-  EXPECT_EQ(clSetKernelArg(kernel, 3, sizeof(n), &n), CL_SUCCESS);
-  const cl_mem out_mem = out.get();
-  EXPECT_EQ(clSetKernelArg(kernel, 4, sizeof(cl_mem), &out_mem), CL_SUCCESS);
-  const size_t one = 1;
-  EXPECT_EQ(
-      clEnqueueNDRangeKernel(device.queue(), kernel, 1, nullptr, &one, &one, 0, nullptr, nullptr),
-      CL_SUCCESS);
-  std::vector<int> got = Download<int>(device, out, 1 + 2 * a.size());
-  clReleaseKernel(kernel);
-  return got;
+  const Buffer out = Alloc(device, (1 + 2 * a.size()) * sizeof(int));
+  return RunSingleItem(device, kernel_text,
+                       {da.get(), db.get(), dacc.get(), static_cast<cl_int>(a.size()), out.get()},
+                       out, 1 + 2 * a.size());
 }
 
 // The packed builtins' definition: acc + the 4 byte products, saturated to int32.
@@ -972,24 +993,11 @@ TEST_P(OpenClMatMulTest, IntDotPathGivesTheBaselineBits) {
 
 // The value of common.cl's macro `name` as `device` compiles it.
 int ProbeMacro(Device& device, const std::string& name) {
-  const std::string text = std::string(*EmbeddedSource("common")) +
-                           "\n__kernel void probe(__global int* out) { out[0] = " + name + "; }\n";
-  absl::StatusOr<cl_program> program = device.programs().Build(text, "");
-  EXPECT_TRUE(program.ok()) << program.status();
-  if (!program.ok()) return -1;
-  cl_int err = CL_SUCCESS;
-  cl_kernel kernel = clCreateKernel(*program, "probe", &err);
-  EXPECT_EQ(err, CL_SUCCESS);
-  Buffer out = Alloc(device, sizeof(int));
-  const cl_mem out_mem = out.get();
-  EXPECT_EQ(clSetKernelArg(kernel, 0, sizeof(cl_mem), &out_mem), CL_SUCCESS);
-  const size_t one = 1;
-  EXPECT_EQ(
-      clEnqueueNDRangeKernel(device.queue(), kernel, 1, nullptr, &one, &one, 0, nullptr, nullptr),
-      CL_SUCCESS);
-  const int v = Download<int>(device, out, 1)[0];
-  clReleaseKernel(kernel);
-  return v;
+  const Buffer out = Alloc(device, sizeof(int));
+  const std::vector<int> got =
+      RunSingleItem(device, "\n__kernel void probe(__global int* out) { out[0] = " + name + "; }\n",
+                    {out.get()}, out, 1);
+  return got.empty() ? -1 : got[0];
 }
 
 // Split-K GEMV summed by sub-group reductions (the polyfill: the work-group is the

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/greedy_run.h"
+#include "core/strings.h"
 #include "experts/expert_cache.h"
 #include "experts/loader.h"
 #include "format/gguf.h"
@@ -111,6 +112,20 @@ Generation Generate(Model& model) {
   return test_util::RunGreedy(model, kPromptTokens, kDecodeSteps);
 }
 
+// One line of a model's expert pool and prefetcher counters for the test log (the
+// tests that print them assert on some; the rest are for reading).
+void PrintPoolStats(const std::string& label, const MemoryStats& s) {
+  const auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+  std::printf("%s: precision %.3f recall %.3f, %llu prefetches, %llu hidden, %llu late, "
+              "%llu unused, %llu cancelled, %llu backed off; %llu misses, %llu streamed "
+              "(%llu done before their turn); hits %llu/%llu\n",
+              label.c_str(), s.prefetcher.precision(), s.prefetcher.recall(), u(s.pool.prefetches),
+              u(s.pool.loads_hidden), u(s.pool.prefetch_late), u(s.pool.prefetch_unused),
+              u(s.pool.prefetch_cancelled), u(s.prefetcher.backed_off), u(s.pool.misses),
+              u(s.pool.streamed), u(s.pool.streamed_hidden), u(s.pool.hits),
+              u(s.pool.hits + s.pool.misses));
+}
+
 struct PrefetchCase {
   std::string model;
   double fraction;  // 0: the k-experts pool
@@ -162,19 +177,10 @@ TEST_P(PrefetchTest, OutputsMatchPrefetchOff) {
     }
     EXPECT_EQ(s.prefetcher.issued, s.pool.prefetches);
   }
-  std::printf("%s %.0f%% protect %d: precision %.3f recall %.3f, %llu prefetches, %llu hidden, %llu late, "
-              "%llu unused, %llu backed off; hits %llu/%llu (off: %llu/%llu)\n",
-              c.model.c_str(), c.fraction * 100, c.protect_steps, s.prefetcher.precision(), s.prefetcher.recall(),
-              static_cast<unsigned long long>(s.pool.prefetches),
-              static_cast<unsigned long long>(s.pool.loads_hidden),
-              static_cast<unsigned long long>(s.pool.prefetch_late),
-              static_cast<unsigned long long>(s.pool.prefetch_unused),
-              static_cast<unsigned long long>(s.prefetcher.backed_off),
-              static_cast<unsigned long long>(s.pool.hits),
-              static_cast<unsigned long long>(s.pool.hits + s.pool.misses),
-              static_cast<unsigned long long>(model_off->memory_stats().pool.hits),
-              static_cast<unsigned long long>(model_off->memory_stats().pool.hits +
-                                              model_off->memory_stats().pool.misses));
+  const std::string label =
+      StrCat(c.model, " ", c.fraction * 100, "% protect ", c.protect_steps, ", prefetch ");
+  PrintPoolStats(label + "on", s);
+  PrintPoolStats(label + "off", model_off->memory_stats());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -227,15 +233,7 @@ TEST(Prefetch, SlowLoaderPrefetchedLoadsAreUsed) {
   EXPECT_LE(s.pool.streamed_hidden, s.pool.streamed);
   EXPECT_LE(s.pool.streamed, s.pool.misses);
   EXPECT_EQ(s.pool.pinned_experts, 0u);
-  std::printf("slow loader: %llu misses, %llu streamed (%llu done before their turn), "
-              "%llu prefetches, %llu hidden, %llu late, %llu cancelled\n",
-              static_cast<unsigned long long>(s.pool.misses),
-              static_cast<unsigned long long>(s.pool.streamed),
-              static_cast<unsigned long long>(s.pool.streamed_hidden),
-              static_cast<unsigned long long>(s.pool.prefetches),
-              static_cast<unsigned long long>(s.pool.loads_hidden),
-              static_cast<unsigned long long>(s.pool.prefetch_late),
-              static_cast<unsigned long long>(s.pool.prefetch_cancelled));
+  PrintPoolStats("slow loader", s);
 }
 
 TEST(Prefetch, LoaderFaultsDuringPrefetchDoNotLeakOrHang) {
