@@ -85,6 +85,7 @@ struct Params {
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
+  bool kv_half = false;  // --cache-type f16
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -260,6 +261,14 @@ const std::vector<Flag>& Flags() {
          }
          return std::nullopt;
        }},
+      {"", "--cache-type", "f32|f16",
+       "the KV cache's type on the OpenCL device (default f32;\nf16: half its memory, "
+       "needs --backend opencl or auto)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         if (v != "f32" && v != "f16") return std::string("expected f32 or f16");
+         p.kv_half = v == "f16";
+         return std::nullopt;
+       }},
       {"", "--router-alpha", "A",
        "under memory pressure, lower non-resident experts'\ngate logits by A * pressure (default 1; 0: off)",
        FloatSetter(&Params::router_alpha, 0, true, 1e30f, "a number >= 0")},
@@ -362,6 +371,9 @@ std::optional<UsageError> ParseArgs(int argc, char** argv, Params& p, bool* help
   if (p.n_prompt == 0 && p.n_gen == 0) return UsageError{"nothing to run: -p and -n are both 0"};
   if (p.expert_pool_mb > 0 && p.expert_pool_fraction > 0) {
     return UsageError{"give either --expert-pool-mb or --expert-pool, not both"};
+  }
+  if (p.kv_half && p.backend == moert::model::Backend::kCpu) {
+    return UsageError{"--cache-type f16 needs --backend opencl or auto (the CPU's cache is f32)"};
   }
   return std::nullopt;
 }
@@ -675,6 +687,7 @@ struct RunInfo {
   std::string driver;
   // With an expert pool on OpenCL: where its experts compute (BackendStats).
   std::string pooled_experts;
+  std::string cache_type = "f32";  // the KV cache's: f16 on the device with --cache-type f16
 };
 
 std::string JsonString(std::string_view s) {
@@ -735,8 +748,8 @@ class JsonPrinter : public Printer {
         {"model_size", StrCat(info_.model.size)},
         {"model_n_params", StrCat(info_.model.n_params)},
         {"n_threads", StrCat(info_.n_threads)},
-        {"type_k", JsonString("f32")},
-        {"type_v", JsonString("f32")},
+        {"type_k", JsonString(info_.cache_type)},
+        {"type_v", JsonString(info_.cache_type)},
         {"n_prompt", StrCat(r.n_prompt)},
         {"n_gen", StrCat(r.n_gen)},
         {"n_depth", "0"},
@@ -936,6 +949,7 @@ int Run(const Params& p) {
     options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
     options.backend = p.backend;
     options.opencl_pooled_experts = p.pooled_experts;
+    options.opencl_kv_half = p.kv_half;
     // Each test has its own KV cache, one after the other.
     options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
     auto loaded = moert::model::Model::Load(**file, options);
@@ -946,6 +960,7 @@ int Run(const Params& p) {
     info.device = backend.device;
     info.driver = backend.driver;
     info.pooled_experts = backend.pooled_experts;
+    if (p.kv_half && backend.backend != "CPU") info.cache_type = "f16";
     if (backend.backend != "CPU") {
       std::fprintf(stderr, "%s: backend %s on %s, driver %s\n", kTool, backend.backend.c_str(),
                    backend.device.c_str(), backend.driver.c_str());

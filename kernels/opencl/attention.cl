@@ -3,6 +3,18 @@
 // reads KV head h / (n_head / n_head_kv). The scores of positions 0 .. pos0 + t go to
 // `scores` (a row of scores_stride floats per (t, h)); softmax as the CPU computes it
 // (max, exp(s - max), times 1 / sum), then out[d] = sum_j (p_j / sum) * v[j][d].
+//
+// MOERT_KV_HALF=1: the cache holds halves (vload_half, core OpenCL 1.2), read as floats.
+#if MOERT_KV_HALF
+#define KV_BYTES 2
+#define KV_AT(p, i) vload_half((i), (p))
+typedef half kv_elem;
+#else
+#define KV_BYTES 4
+#define KV_AT(p, i) (p)[i]
+typedef float kv_elem;
+#endif
+
 __kernel void attention(__global const uchar* q_base, ulong q_off, __global const uchar* k_base,
                         ulong k_off, __global const uchar* v_base, ulong v_off,
                         __global uchar* out_base, ulong out_off, __global uchar* s_base,
@@ -18,14 +30,15 @@ __kernel void attention(__global const uchar* q_base, ulong q_off, __global cons
   const size_t k_row = (size_t)n_head_kv * dk;
   const size_t v_row = (size_t)n_head_kv * dv;
   __global const float* qh = (__global const float*)(q_base + q_off) + ((size_t)t * n_head + h) * dk;
-  __global const float* keys = (__global const float*)(k_base + k_off) + (size_t)g * dk;
-  __global const float* vals = (__global const float*)(v_base + v_off) + (size_t)g * dv;
+  // (No arithmetic on half pointers: offsets are taken in bytes, elements by index.)
+  __global const kv_elem* keys = (__global const kv_elem*)(k_base + k_off + (size_t)g * dk * KV_BYTES);
+  __global const kv_elem* vals = (__global const kv_elem*)(v_base + v_off + (size_t)g * dv * KV_BYTES);
   __global float* p = (__global float*)(s_base + s_off) + ((size_t)t * n_head + h) * scores_stride;
   float m = -INFINITY;
   for (int j = lid; j < n_kv; j += n) {
-    __global const float* kj = keys + (size_t)j * k_row;
+    const size_t kj = (size_t)j * k_row;
     float s = 0.0f;
-    for (int d = 0; d < dk; ++d) s += kj[d] * qh[d];
+    for (int d = 0; d < dk; ++d) s += KV_AT(keys, kj + d) * qh[d];
     s = s * scale;
     p[j] = s;
     m = fmax(m, s);
@@ -44,7 +57,7 @@ __kernel void attention(__global const uchar* q_base, ulong q_off, __global cons
   __global float* o = (__global float*)(out_base + out_off) + ((size_t)t * n_head + h) * dv;
   for (int d = lid; d < dv; d += n) {
     float acc = 0.0f;
-    for (int j = 0; j < n_kv; ++j) acc += (p[j] * inv) * vals[(size_t)j * v_row + d];
+    for (int j = 0; j < n_kv; ++j) acc += (p[j] * inv) * KV_AT(vals, (size_t)j * v_row + d);
     o[d] = acc;
   }
 }

@@ -67,3 +67,13 @@ __kernel void moe_combine(__global const uchar* y_base, ulong y_off,
   }
   ((__global float*)(out_base + out_off))[(size_t)t * width + i] = o;
 }
+
+// y[i] = x[i] rounded to half (to nearest, ties to even; core vstore_half_rte: no
+// cl_khr_fp16 needed): the new rows of a half KV cache.
+__kernel void to_half(__global const uchar* x_base, ulong x_off, __global uchar* y_base,
+                      ulong y_off, int count) {
+  const int i = (int)get_global_id(0);
+  if (i >= count) return;
+  vstore_half_rte(((__global const float*)(x_base + x_off))[i], (size_t)i,
+                  (__global half*)(y_base + y_off));
+}

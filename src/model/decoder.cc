@@ -183,6 +183,7 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   OpenClDecoderOptions cl_options;
   cl_options.require_gpu = is_auto;
   cl_options.allow_cpu_device = options.opencl_allow_cpu_device;
+  cl_options.kv_half = options.opencl_kv_half;
   auto decoder = NewOpenClDecoder(view, cl_options);
   if (!decoder.ok()) {
     if (is_auto) {
@@ -209,7 +210,10 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
 
 BackendStats DecoderModel::backend_stats() const {
   BackendStats stats = backend_;
-  if (opencl_ != nullptr) stats.device_weight_bytes = opencl_->weight_bytes();
+  if (opencl_ != nullptr) {
+    stats.device_weight_bytes = opencl_->weight_bytes();
+    stats.device_kv_bytes = opencl_->kv_bytes();
+  }
   if (opencl_ != nullptr && expert_cache_ != nullptr) {
     const DevicePoolStats pooled = opencl_->pooled_stats();
     stats.pooled_experts = pooled.placement;

@@ -153,6 +153,12 @@ struct ModelLoadOptions {
   // With an expert pool on the OpenCL device, where the pooled experts compute (the
   // routing is on the host either way: it needs the pool's residency).
   PooledExperts opencl_pooled_experts = PooledExperts::kDevice;
+  // The OpenCL device's KV cache in IEEE half (core OpenCL 1.2 vload/vstore_half):
+  // half its memory and of the attention's reads, for values rounded to half. The
+  // host cache then holds the rounded values too (what the device attends over), so
+  // results stay within the device's agreement bounds with the CPU but are no longer
+  // its bits. Off by default; ignored on the CPU backend.
+  bool opencl_kv_half = false;
 };
 
 // The backend a model runs on and why.
@@ -172,6 +178,9 @@ struct BackendStats {
   // Device memory the uploaded weights take (F16 tensors stay half there; an expert
   // pool's region not counted).
   uint64_t device_weight_bytes = 0;
+  // Device memory of the KV cache (0 before the first request; half with
+  // opencl_kv_half).
+  uint64_t device_kv_bytes = 0;
   uint64_t pooled_device_batches = 0;
   uint64_t pooled_host_batches = 0;
   uint64_t pooled_published_bytes = 0;

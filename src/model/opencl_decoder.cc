@@ -131,13 +131,13 @@ struct DevLayer {
 // Scratch buffers of the forward pass, each grown on demand.
 enum Slot {
   kX, kCur, kOut, kQ, kAttn, kXq, kRouterLogits, kExperts, kWeights, kXs, kGate, kUp, kDown,
-  kPairOut, kIdxToken, kIdxPair, kLogits, kSlotCount
+  kPairOut, kIdxToken, kIdxPair, kLogits, kNewK, kNewV, kSlotCount
 };
 
 class OpenClDecoderImpl final : public OpenClDecoder {
  public:
-  OpenClDecoderImpl(const DecoderView& view, std::unique_ptr<cl::Device> device)
-      : view_(view), spec_(*view.spec), device_(std::move(device)) {}
+  OpenClDecoderImpl(const DecoderView& view, std::unique_ptr<cl::Device> device, bool kv_half)
+      : view_(view), spec_(*view.spec), device_(std::move(device)), kv_half_(kv_half) {}
 
   const std::string& device_name() const override { return device_->info().name; }
   const std::string& driver_version() const override { return device_->info().driver_version; }
@@ -158,6 +158,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   }
   DevicePoolStats pooled_stats() const override { return pooled_stats_; }
   uint64_t weight_bytes() const override { return weight_bytes_; }
+  uint64_t kv_bytes() const override { return k_cache_.size() + v_cache_.size(); }
   void SpoilZeroCopyCheckForTesting() override { spoil_zero_copy_check_ = true; }
 
  private:
@@ -172,6 +173,11 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   // y = w (group g) x for n rows of x.
   absl::Status Project(const DevMatrix& w, int64_t g, BufferRef x, int64_t n, BufferRef y);
   absl::Status SyncKv(const HostKv& kv, int64_t pos0);
+  // `values` cache values at value index `at` from / to host floats (rounded to half,
+  // or widened from it, for a half cache).
+  absl::Status UploadKvRows(Buffer& cache, const float* host, size_t values, size_t at);
+  absl::Status DownloadKvRows(const Buffer& cache, size_t at, size_t values, float* host);
+  size_t KvElemBytes() const { return kv_half_ ? 2 : 4; }
   absl::Status RunLayer(int il, int64_t n, int64_t pos0, BufferRef x);
   absl::Status RunAttention(int il, int64_t n, int64_t pos0, BufferRef cur, BufferRef out);
   absl::Status RunMoe(int il, int64_t n, BufferRef cur, BufferRef out);
@@ -205,6 +211,7 @@ class OpenClDecoderImpl final : public OpenClDecoder {
   // The device KV cache: layer l's keys at [l][kv_capacity_][KeyWidth()], mirroring
   // host cache kv_id_ at positions [0, kv_valid_).
   Buffer k_cache_, v_cache_;
+  bool kv_half_ = false;  // OpenClDecoderOptions::kv_half
   uint64_t weight_bytes_ = 0;
   uint64_t kv_id_ = 0;
   int kv_capacity_ = 0;
@@ -401,7 +408,8 @@ absl::Status OpenClDecoderImpl::Project(const DevMatrix& w, int64_t g, BufferRef
 }
 
 absl::Status OpenClDecoderImpl::SyncKv(const HostKv& kv, int64_t pos0) {
-  const size_t kw = static_cast<size_t>(KeyWidth()) * 4, vw = static_cast<size_t>(ValueWidth()) * 4;
+  const size_t elem = KvElemBytes();
+  const size_t kw = static_cast<size_t>(KeyWidth()), vw = static_cast<size_t>(ValueWidth());
   if (kv.id != kv_id_ || kv.capacity != kv_capacity_ || k_cache_.empty()) {
     kv_id_ = 0;
     kv_valid_ = 0;
@@ -409,8 +417,8 @@ absl::Status OpenClDecoderImpl::SyncKv(const HostKv& kv, int64_t pos0) {
       k_cache_ = Buffer();
       v_cache_ = Buffer();
       const size_t rows = static_cast<size_t>(kv.capacity) * spec_.n_layer;
-      MOERT_ASSIGN_OR_RETURN(k_cache_, Buffer::Create(*device_, rows * kw));
-      MOERT_ASSIGN_OR_RETURN(v_cache_, Buffer::Create(*device_, rows * vw));
+      MOERT_ASSIGN_OR_RETURN(k_cache_, Buffer::Create(*device_, rows * kw * elem));
+      MOERT_ASSIGN_OR_RETURN(v_cache_, Buffer::Create(*device_, rows * vw * elem));
       kv_capacity_ = kv.capacity;
     }
     kv_id_ = kv.id;
@@ -419,13 +427,28 @@ absl::Status OpenClDecoderImpl::SyncKv(const HostKv& kv, int64_t pos0) {
     const size_t from = static_cast<size_t>(kv_valid_), count = static_cast<size_t>(pos0) - from;
     for (size_t il = 0; il < spec_.n_layer; ++il) {
       const size_t row0 = il * static_cast<size_t>(kv_capacity_) + from;
-      MOERT_RETURN_IF_ERROR(k_cache_.Write(*device_, kv.keys[il] + from * kw / 4, count * kw,
-                                           row0 * kw));
-      MOERT_RETURN_IF_ERROR(v_cache_.Write(*device_, kv.values[il] + from * vw / 4, count * vw,
-                                           row0 * vw));
+      MOERT_RETURN_IF_ERROR(UploadKvRows(k_cache_, kv.keys[il] + from * kw, count * kw, row0 * kw));
+      MOERT_RETURN_IF_ERROR(UploadKvRows(v_cache_, kv.values[il] + from * vw, count * vw, row0 * vw));
     }
     kv_valid_ = pos0;
   }
+  return absl::OkStatus();
+}
+
+absl::Status OpenClDecoderImpl::UploadKvRows(Buffer& cache, const float* host, size_t values,
+                                             size_t at) {
+  if (!kv_half_) return cache.Write(*device_, host, values * 4, at * 4);
+  std::vector<uint16_t> halves(values);
+  for (size_t i = 0; i < values; ++i) halves[i] = core::FloatToFp16(host[i]);
+  return cache.Write(*device_, halves.data(), values * 2, at * 2);
+}
+
+absl::Status OpenClDecoderImpl::DownloadKvRows(const Buffer& cache, size_t at, size_t values,
+                                               float* host) {
+  if (!kv_half_) return cache.Read(*device_, host, values * 4, at * 4);
+  std::vector<uint16_t> halves(values);
+  MOERT_RETURN_IF_ERROR(cache.Read(*device_, halves.data(), values * 2, at * 2));
+  for (size_t i = 0; i < values; ++i) host[i] = core::Fp16ToFloat(halves[i]);
   return absl::OkStatus();
 }
 
@@ -438,11 +461,18 @@ absl::Status OpenClDecoderImpl::RunAttention(int il, int64_t n, int64_t pos0, Bu
   const int64_t q_width = int64_t{n_head} * dk;
   const int64_t kw = KeyWidth(), vw = ValueWidth();
   MOERT_ASSIGN_OR_RETURN(BufferRef q, Get(kQ, static_cast<size_t>(n * q_width) * 4));
-  // This layer's cache, and the new rows' place in it: k and v are projected there.
-  const BufferRef k_layer(k_cache_, static_cast<size_t>(il) * kv_capacity_ * kw * 4);
-  const BufferRef v_layer(v_cache_, static_cast<size_t>(il) * kv_capacity_ * vw * 4);
-  const BufferRef k = At(k_layer, static_cast<size_t>(pos0 * kw) * 4);
-  const BufferRef v = At(v_layer, static_cast<size_t>(pos0 * vw) * 4);
+  // This layer's cache, and the new rows' place in it: k and v are projected there (a
+  // half cache: into scratch, then rounded into it once RoPE'd).
+  const size_t elem = KvElemBytes();
+  const BufferRef k_layer(k_cache_, static_cast<size_t>(il) * kv_capacity_ * kw * elem);
+  const BufferRef v_layer(v_cache_, static_cast<size_t>(il) * kv_capacity_ * vw * elem);
+  const BufferRef k_rows = At(k_layer, static_cast<size_t>(pos0 * kw) * elem);
+  const BufferRef v_rows = At(v_layer, static_cast<size_t>(pos0 * vw) * elem);
+  BufferRef k = k_rows, v = v_rows;
+  if (kv_half_) {
+    MOERT_ASSIGN_OR_RETURN(k, Get(kNewK, static_cast<size_t>(n * kw) * 4));
+    MOERT_ASSIGN_OR_RETURN(v, Get(kNewV, static_cast<size_t>(n * vw) * 4));
+  }
   MOERT_RETURN_IF_ERROR(Project(l.wq, 0, cur, n, q));
   MOERT_RETURN_IF_ERROR(Project(l.wk, 0, cur, n, k));
   MOERT_RETURN_IF_ERROR(Project(l.wv, 0, cur, n, v));
@@ -466,6 +496,10 @@ absl::Status OpenClDecoderImpl::RunAttention(int il, int64_t n, int64_t pos0, Bu
   if (!rope_freqs_.empty()) rope.freq_factors = rope_freqs_;
   MOERT_RETURN_IF_ERROR(cl::Rope(*device_, rope, pos0, n, n_head, dk, q));
   MOERT_RETURN_IF_ERROR(cl::Rope(*device_, rope, pos0, n, n_head_kv, dk, k));
+  if (kv_half_) {
+    MOERT_RETURN_IF_ERROR(cl::ToHalf(*device_, k, n * kw, k_rows));
+    MOERT_RETURN_IF_ERROR(cl::ToHalf(*device_, v, n * vw, v_rows));
+  }
 
   cl::AttentionArgs shape;
   shape.n_head = n_head;
@@ -473,6 +507,7 @@ absl::Status OpenClDecoderImpl::RunAttention(int il, int64_t n, int64_t pos0, Bu
   shape.head_dim_k = dk;
   shape.head_dim_v = static_cast<int>(spec_.head_dim_v);
   shape.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  shape.kv_half = kv_half_;
   MOERT_ASSIGN_OR_RETURN(
       BufferRef attn, Get(kAttn, static_cast<size_t>(n * n_head * shape.head_dim_v) * 4));
   MOERT_RETURN_IF_ERROR(
@@ -737,14 +772,15 @@ absl::Status OpenClDecoderImpl::ForwardBatch(std::span<const int32_t> tokens, in
       MOERT_RETURN_IF_ERROR(
           ReadRef(*device_, out, logits, static_cast<size_t>(rows * n_vocab) * 4));
     }
-    // The new keys and values back to the host cache.
+    // The new keys and values back to the host cache (a half cache's values as floats:
+    // the host then holds what the device attends over).
     const size_t kw = static_cast<size_t>(KeyWidth()), vw = static_cast<size_t>(ValueWidth());
     for (size_t il = 0; il < spec_.n_layer; ++il) {
       const size_t row0 = il * static_cast<size_t>(kv_capacity_) + static_cast<size_t>(pos0);
-      MOERT_RETURN_IF_ERROR(k_cache_.Read(*device_, kv.keys[il] + pos0 * KeyWidth(),
-                                          static_cast<size_t>(n) * kw * 4, row0 * kw * 4));
-      MOERT_RETURN_IF_ERROR(v_cache_.Read(*device_, kv.values[il] + pos0 * ValueWidth(),
-                                          static_cast<size_t>(n) * vw * 4, row0 * vw * 4));
+      MOERT_RETURN_IF_ERROR(DownloadKvRows(k_cache_, row0 * kw, static_cast<size_t>(n) * kw,
+                                           kv.keys[il] + pos0 * KeyWidth()));
+      MOERT_RETURN_IF_ERROR(DownloadKvRows(v_cache_, row0 * vw, static_cast<size_t>(n) * vw,
+                                           kv.values[il] + pos0 * ValueWidth()));
     }
     return device_->Finish();
   }();
@@ -767,7 +803,7 @@ absl::StatusOr<std::unique_ptr<OpenClDecoder>> NewOpenClDecoder(
     return absl::FailedPreconditionError(
         StrCat("OpenCL device ", (*device)->info().name, " is not a GPU"));
   }
-  auto impl = std::make_unique<OpenClDecoderImpl>(view, std::move(*device));
+  auto impl = std::make_unique<OpenClDecoderImpl>(view, std::move(*device), options.kv_half);
   MOERT_RETURN_IF_ERROR(impl->SelfTest());
   MOERT_RETURN_IF_ERROR(impl->UploadWeights());
   return std::unique_ptr<OpenClDecoder>(std::move(impl));

@@ -86,6 +86,8 @@ class OpenClDecoder {
   virtual DevicePoolStats pooled_stats() const = 0;
   // Device memory the uploaded weights take (the expert pool's region not counted).
   virtual uint64_t weight_bytes() const = 0;
+  // Device memory the KV cache takes (0 before the first ForwardBatch).
+  virtual uint64_t kv_bytes() const = 0;
   // Tests: the zero-copy check (the device reading what the host wrote into the
   // expert pool) fails, as on a driver that copied the region when it was wrapped.
   virtual void SpoilZeroCopyCheckForTesting() = 0;
@@ -98,6 +100,8 @@ class OpenClDecoder {
 struct OpenClDecoderOptions {
   bool require_gpu = false;       // only a GPU device (Backend::kAuto)
   bool allow_cpu_device = false;  // a CPU/accelerator device when there is no GPU
+  // The device's KV cache in half (ModelLoadOptions::opencl_kv_half).
+  bool kv_half = false;
 };
 
 #ifdef MOERT_HAVE_OPENCL

@@ -431,29 +431,62 @@ TEST_F(OpenClTest, AttentionMatchesCpuPrefillAndDecode) {
     int n_head, n_head_kv, dk, dv;
     int64_t pos0, n;
   };
-  for (const Case& c : {Case{4, 2, 16, 16, 0, 5}, Case{4, 4, 32, 24, 7, 1},
-                        Case{6, 2, 64, 64, 70, 3}, Case{2, 1, 8, 8, 0, 1}}) {
-    const int64_t n_kv = c.pos0 + c.n;
-    const std::vector<float> q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 1);
-    const std::vector<float> k = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dk), 2);
-    const std::vector<float> v = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dv), 3);
-    model::AttentionShape shape;
-    shape.n_head = c.n_head;
-    shape.n_head_kv = c.n_head_kv;
-    shape.head_dim_k = c.dk;
-    shape.head_dim_v = c.dv;
-    shape.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
-    std::vector<float> want(static_cast<size_t>(c.n * c.n_head * c.dv));
-    model::ThreadPool pool(1);
-    model::Attention(pool, shape, q.data(), c.n, c.pos0, k.data(), v.data(), want.data());
-    Buffer dq = Upload(device(), q), dk = Upload(device(), k), dv = Upload(device(), v);
-    Buffer out = Alloc(device(), want.size() * 4);
-    Scratch scratch;
-    const AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, shape.scale};
-    ASSERT_TRUE(Attention(device(), args, dq, c.n, c.pos0, dk, dv, out, scratch).ok());
-    EXPECT_LT(Nmse(Download<float>(device(), out, want.size()), want), 1e-10)
-        << "heads " << c.n_head << "/" << c.n_head_kv << " pos0 " << c.pos0 << " n " << c.n;
+  // half: the caches hold halves (AttentionArgs::kv_half); the CPU attends over the
+  // same values widened back to floats.
+  for (bool half : {false, true}) {
+    for (const Case& c : {Case{4, 2, 16, 16, 0, 5}, Case{4, 4, 32, 24, 7, 1},
+                          Case{6, 2, 64, 64, 70, 3}, Case{2, 1, 8, 8, 0, 1}}) {
+      const int64_t n_kv = c.pos0 + c.n;
+      const std::vector<float> q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 1);
+      std::vector<float> k = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dk), 2);
+      std::vector<float> v = RandomFloats(static_cast<size_t>(n_kv * c.n_head_kv * c.dv), 3);
+      std::vector<uint16_t> k16(k.size()), v16(v.size());
+      for (size_t i = 0; i < k.size(); ++i) k16[i] = core::FloatToFp16(k[i]);
+      for (size_t i = 0; i < v.size(); ++i) v16[i] = core::FloatToFp16(v[i]);
+      if (half) {
+        for (size_t i = 0; i < k.size(); ++i) k[i] = core::Fp16ToFloat(k16[i]);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = core::Fp16ToFloat(v16[i]);
+      }
+      model::AttentionShape shape;
+      shape.n_head = c.n_head;
+      shape.n_head_kv = c.n_head_kv;
+      shape.head_dim_k = c.dk;
+      shape.head_dim_v = c.dv;
+      shape.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+      std::vector<float> want(static_cast<size_t>(c.n * c.n_head * c.dv));
+      model::ThreadPool pool(1);
+      model::Attention(pool, shape, q.data(), c.n, c.pos0, k.data(), v.data(), want.data());
+      Buffer dq = Upload(device(), q);
+      Buffer dk = half ? Upload(device(), k16) : Upload(device(), k);
+      Buffer dv = half ? Upload(device(), v16) : Upload(device(), v);
+      Buffer out = Alloc(device(), want.size() * 4);
+      Scratch scratch;
+      const AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, shape.scale, half};
+      ASSERT_TRUE(Attention(device(), args, dq, c.n, c.pos0, dk, dv, out, scratch).ok());
+      EXPECT_LT(Nmse(Download<float>(device(), out, want.size()), want), 1e-10)
+          << "heads " << c.n_head << "/" << c.n_head_kv << " pos0 " << c.pos0 << " n " << c.n
+          << " half " << half;
+    }
   }
+}
+
+// ToHalf rounds as core::FloatToFp16 does (nearest, ties to even; overflow to
+// infinity; subnormals), bit for bit.
+TEST_F(OpenClTest, ToHalfRoundsLikeTheHost) {
+  std::vector<float> x = RandomFloats(1000, 31, 8.0f);
+  for (float v : {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 6e-8f, 3e-5f,
+                  1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 2049.0f, 2051.0f}) {
+    x.push_back(v);
+  }
+  Buffer dx = Upload(device(), x);
+  Buffer dy = Alloc(device(), x.size() * 2);
+  ASSERT_TRUE(ToHalf(device(), dx, static_cast<int64_t>(x.size()), dy).ok());
+  const std::vector<uint16_t> got = Download<uint16_t>(device(), dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(got[i], core::FloatToFp16(x[i])) << x[i] << " at " << i;
+  }
+  EXPECT_EQ(ToHalf(device(), dx, static_cast<int64_t>(x.size()) + 1, dy).code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(OpenClTest, TopKRouteMatchesCpuIndices) {

@@ -365,12 +365,15 @@ absl::Status Attention(Device& device, const AttentionArgs& s, BufferRef q, int6
   const size_t kv_heads = static_cast<size_t>(s.n_head_kv);
   const size_t dk = static_cast<size_t>(s.head_dim_k), dv = static_cast<size_t>(s.head_dim_v);
   MOERT_RETURN_IF_ERROR(CheckRange(q, static_cast<size_t>(n) * heads * dk * 4, "attention q"));
-  MOERT_RETURN_IF_ERROR(CheckRange(k_cache, n_kv * kv_heads * dk * 4, "attention k cache"));
-  MOERT_RETURN_IF_ERROR(CheckRange(v_cache, n_kv * kv_heads * dv * 4, "attention v cache"));
+  const size_t kv_elem = s.kv_half ? 2 : 4;
+  MOERT_RETURN_IF_ERROR(CheckRange(k_cache, n_kv * kv_heads * dk * kv_elem, "attention k cache"));
+  MOERT_RETURN_IF_ERROR(CheckRange(v_cache, n_kv * kv_heads * dv * kv_elem, "attention v cache"));
   MOERT_RETURN_IF_ERROR(CheckRange(out, static_cast<size_t>(n) * heads * dv * 4, "attention out"));
   MOERT_ASSIGN_OR_RETURN(BufferRef scores,
                          scratch.Get(device, 2, static_cast<size_t>(n) * heads * n_kv * 4));
-  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("attention", "attention"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel,
+                         device.programs().Kernel("attention", "attention",
+                                                  s.kv_half ? "-DMOERT_KV_HALF=1" : ""));
   const size_t local = Pow2Group(device, device.variant().row_wg);
   MOERT_RETURN_IF_ERROR(SetArgs(kernel, q, k_cache, v_cache, out, scores, s.n_head, s.n_head_kv,
                                 s.head_dim_k, s.head_dim_v, static_cast<int>(pos0),
@@ -439,13 +442,30 @@ absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, 
   return Launch(device, kernel, "f32_matmul", 2, global, local);
 }
 
-absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count) {
-  MOERT_RETURN_IF_ERROR(CheckCount(count, "add"));
-  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(count) * 4, "add x"));
-  MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(count) * 4, "add y"));
-  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "add_inplace"));
+namespace {
+
+// elementwise.cl's kernel `name` over `count` items of x and y, with x_elem / y_elem
+// bytes each (the (x, y, count) kernels: to_half, add_inplace, silu_mul).
+absl::Status TwoBufferOp(Device& device, const char* name, BufferRef x, size_t x_elem,
+                         BufferRef y, size_t y_elem, int64_t count) {
+  MOERT_RETURN_IF_ERROR(CheckCount(count, name));
+  MOERT_RETURN_IF_ERROR(
+      CheckRange(x, static_cast<size_t>(count) * x_elem, StrCat(name, " first operand")));
+  MOERT_RETURN_IF_ERROR(
+      CheckRange(y, static_cast<size_t>(count) * y_elem, StrCat(name, " second operand")));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", name));
   MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, y, static_cast<int>(count)));
-  return Launch1D(device, kernel, "add_inplace", count);
+  return Launch1D(device, kernel, name, count);
+}
+
+}  // namespace
+
+absl::Status ToHalf(Device& device, BufferRef x, int64_t count, BufferRef y) {
+  return TwoBufferOp(device, "to_half", x, 4, y, 2, count);
+}
+
+absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count) {
+  return TwoBufferOp(device, "add_inplace", x, 4, y, 4, count);
 }
 
 absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_t width) {
@@ -460,12 +480,7 @@ absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_
 }
 
 absl::Status SiluMul(Device& device, BufferRef g, BufferRef u, int64_t count) {
-  MOERT_RETURN_IF_ERROR(CheckCount(count, "silu_mul"));
-  MOERT_RETURN_IF_ERROR(CheckRange(g, static_cast<size_t>(count) * 4, "silu_mul gate"));
-  MOERT_RETURN_IF_ERROR(CheckRange(u, static_cast<size_t>(count) * 4, "silu_mul up"));
-  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "silu_mul"));
-  MOERT_RETURN_IF_ERROR(SetArgs(kernel, g, u, static_cast<int>(count)));
-  return Launch1D(device, kernel, "silu_mul", count);
+  return TwoBufferOp(device, "silu_mul", g, 4, u, 4, count);
 }
 
 absl::Status GatherRows(Device& device, BufferRef src, int64_t src_rows, BufferRef idx,

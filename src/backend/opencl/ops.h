@@ -122,6 +122,7 @@ struct AttentionArgs {
   int head_dim_k = 0;
   int head_dim_v = 0;
   float scale = 1;
+  bool kv_half = false;  // the caches hold IEEE halves (ToHalf's rows)
 };
 absl::Status Attention(Device& device, const AttentionArgs& shape, BufferRef q, int64_t n,
                        int64_t pos0, BufferRef k_cache, BufferRef v_cache, BufferRef out,
@@ -140,6 +141,9 @@ absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert
 // Bit for bit model::MatMul on the same weight values.
 absl::Status F32MatMul(Device& device, BufferRef w, int64_t rows, int64_t cols, BufferRef x,
                        int64_t n, BufferRef y, bool half_weights = false);
+
+// y[i] = x[i] rounded to half (nearest, ties to even) for i < count; y holds halves.
+absl::Status ToHalf(Device& device, BufferRef x, int64_t count, BufferRef y);
 
 // x[i] += y[i] for i < count.
 absl::Status AddInPlace(Device& device, BufferRef x, BufferRef y, int64_t count);
