@@ -112,7 +112,7 @@ TEST(OpenClForwardTest, F32GreedyContinuationIsTheCpus) {
 // An F16 model's float weights stay half on the device (every value is one): about
 // half the device memory of the F32 model, and the CPU's tokens and logits (the same
 // weight values; only the attention's and norms' summation orders differ).
-TEST(OpenClForwardTest, F16WeightsStayHalfOnTheDevice) {
+TEST(OpenClForwardSlowTest, F16WeightsStayHalfOnTheDevice) {
   std::string skip;
   Loaded gpu = Load("tiny-moe-shakespeare-f16.gguf", Backend::kOpenCl, &skip);
   MOERT_SKIP_WITHOUT_DEVICE(skip);
@@ -270,7 +270,7 @@ INSTANTIATE_TEST_SUITE_P(Models, OpenClQuantizedSlowTest,
 // the scored positions with perplexity within 0.1% (measured: 99.52%, -0.04%; the
 // first 2 chunks alone give 97.6%: 3 flips in 126). The host cache holds the rounded
 // values, so a sequence the CPU continues sees what the device saw.
-TEST(OpenClForwardTest, HalfKvCacheStaysWithinTheAgreementBounds) {
+TEST(OpenClForwardSlowTest, HalfKvCacheStaysWithinTheAgreementBounds) {
   const std::string name = "tiny-moe-shakespeare-q8_0.gguf";
   auto file = format::GgufFile::Open(kModels + name);
   ASSERT_TRUE(file.ok()) << file.status();
@@ -363,7 +363,11 @@ class OpenClPoolTest : public ::testing::Test {
   std::vector<int32_t> tokens_;
 };
 
-TEST_F(OpenClPoolTest, PooledExpertsRunOnTheDeviceFromThePoolsMemory) {
+// The whole-model comparisons run in the x86 CI step only (label `slow`); the
+// sanitizer step keeps the pool's host-side paths through the tests below them.
+class OpenClPoolSlowTest : public OpenClPoolTest {};
+
+TEST_F(OpenClPoolSlowTest, PooledExpertsRunOnTheDeviceFromThePoolsMemory) {
   std::string skip;
   std::unique_ptr<Model> gpu = Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip);
   MOERT_SKIP_WITHOUT_DEVICE(skip);
@@ -454,7 +458,7 @@ TEST_F(OpenClPoolTest, StaleZeroCopyViewFallsBackToADeviceCopy) {
 
 // Dynamic k (the router may leave slots empty: expert -1, and give a token more slots
 // than the model's k) with the experts on the device: the CPU's tokens.
-TEST_F(OpenClPoolTest, DynamicKWithEmptySlotsOnTheDevice) {
+TEST_F(OpenClPoolSlowTest, DynamicKWithEmptySlotsOnTheDevice) {
   std::string skip;
   std::unique_ptr<Model> gpu =
       Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip, /*dynamic_k_p=*/0.6f);

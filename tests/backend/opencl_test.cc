@@ -219,6 +219,10 @@ TEST_F(OpenClTest, Q8QuantMatchesCpuBlocksExactly) {
 }
 
 class OpenClMatMulTest : public OpenClTest, public ::testing::WithParamInterface<WeightFormat> {};
+// The integer-dot paths' polyfill checks: kernel numerics, which the sanitizer step
+// adds nothing to (x86 CI step only, label `slow`).
+class OpenClSlowTest : public OpenClTest {};
+class OpenClMatMulSlowTest : public OpenClMatMulTest {};
 
 // The CPU's y for n A8 rows against one group of w.
 std::vector<float> CpuMatMul(const PackedMatrix& w, int64_t group, const A8Matrix& a) {
@@ -282,6 +286,9 @@ TEST_P(OpenClMatMulTest, StackedGroupAndSplitKVariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, OpenClMatMulTest,
+                         ::testing::Values(WeightFormat::kW4, WeightFormat::kW8),
+                         [](const auto& p) { return std::string(WeightFormatName(p.param)); });
+INSTANTIATE_TEST_SUITE_P(Formats, OpenClMatMulSlowTest,
                          ::testing::Values(WeightFormat::kW4, WeightFormat::kW8),
                          [](const auto& p) { return std::string(WeightFormatName(p.param)); });
 
@@ -981,7 +988,7 @@ TEST_F(OpenClTest, ArmDotPolyfillIsCompiledInAndServesBothForms) {
   }
 }
 
-TEST_P(OpenClMatMulTest, IntDotPathGivesTheBaselineBits) {
+TEST_P(OpenClMatMulSlowTest, IntDotPathGivesTheBaselineBits) {
   const WeightFormat format = GetParam();
   for (const auto& [k_split, dot] :
        {std::pair{1, DotPolyfill::kKhr}, {4, DotPolyfill::kKhr}, {1, DotPolyfill::kArm}}) {
@@ -1073,7 +1080,7 @@ TEST_P(OpenClMatMulTest, SubgroupSplitKGemvMatchesCpu) {
   }
 }
 
-TEST_F(OpenClTest, IntDotPathFusedMoeGivesTheBaselineBits) {
+TEST_F(OpenClSlowTest, IntDotPathFusedMoeGivesTheBaselineBits) {
   for (DotPolyfill dot : {DotPolyfill::kKhr, DotPolyfill::kArm}) {
     std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, dot);
     ASSERT_NE(poly, nullptr);
