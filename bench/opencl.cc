@@ -18,7 +18,7 @@
 #include "backend/opencl/device.h"
 #include "backend/opencl/ops.h"
 #include "backend/packing.h"
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 #include "kernels/ukernel.h"
 
 namespace {

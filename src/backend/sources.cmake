@@ -1,7 +1,9 @@
 # Sources of src/backend (paths relative to src/).
 list(APPEND MOERT_SOURCES
   backend/packing.cc
-  backend/qmatmul.cc
+  backend/cpu/qmatmul.cc
+  backend/cpu/f32_ops.cc
+  backend/matrix.cc
 )
 # The OpenCL backend (MOERT_HAVE_OPENCL, cmake/MoertOpenCL.cmake).
 if(MOERT_HAVE_OPENCL)

@@ -61,7 +61,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 #include "experts/expert_directory.h"
 #include "experts/hot_set.h"
 #include "experts/loader.h"

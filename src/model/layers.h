@@ -18,7 +18,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "backend/qmatmul.h"
+#include "backend/cpu/f32_ops.h"
+#include "backend/cpu/qmatmul.h"
+#include "backend/matrix.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
 #include "kernels/config.h"
@@ -35,120 +37,25 @@ class Prefetcher;
 
 namespace moert::model {
 
-// The compute context of one model: its threads and the microkernels its quantized
-// matmuls use (kernels::GetKernelConfig() unless the model was loaded with another).
-class ThreadPool : public core::ThreadPool {
- public:
-  explicit ThreadPool(int threads)
-      : core::ThreadPool(threads), kernels_(kernels::GetKernelConfig()) {}
-  const kernels::KernelConfig& kernels() const { return kernels_; }
-  void set_kernels(const kernels::KernelConfig& config) { kernels_ = config; }
-
- private:
-  kernels::KernelConfig kernels_;
-};
-
-// A weight of `rows` outputs by `cols` inputs that owns its values: row-major fp32,
-// or (`packed` not empty, `data` empty) in a runtime layout for the integer kernels,
-// where a stacked expert tensor is one packed group per expert. A 1-D weight (a norm,
-// a bias) is one row.
-struct Matrix {
-  std::vector<float> data;
-  backend::PackedMatrix packed;
-  int64_t rows = 0;
-  int64_t cols = 0;
-
-  bool empty() const { return data.empty() && packed.empty(); }
-  const float* row(int64_t r) const { return data.data() + r * cols; }
-};
-
-// A borrowed matrix (one expert's slice of a stacked expert tensor): fp32 `data`, or
-// `packed` when `data` is null.
-struct MatrixView {
-  const float* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  backend::PackedView packed;
-
-  MatrixView() = default;
-  MatrixView(const float* d, int64_t r, int64_t c) : data(d), rows(r), cols(c) {}
-  MatrixView(const backend::PackedView& p) : rows(p.rows), cols(p.cols), packed(p) {}  // NOLINT
-  MatrixView(const Matrix& m)  // NOLINT
-      : data(m.packed.empty() ? m.data.data() : nullptr), rows(m.rows), cols(m.cols),
-        packed(m.packed.empty() ? backend::PackedView{} : m.packed.group(0)) {}
-};
-
-// The dot product every matmul and attention score uses: two 4-lane partial sums
-// over blocks of 8, reduced in a fixed order, then the tail.
-float Dot(const float* a, const float* b, int64_t n);
-
-// y[t][r] = dot(w row r, x[t]) for n tokens: x is [n][w.cols], y is [n][w.rows].
-void MatMul(ThreadPool& pool, MatrixView w, const float* x, int64_t n, float* y);
-
-// Several independent matmuls in one dispatch to the threads (q/k/v, all experts):
-// fewer hand-offs, which matters most when the cores are shared. Packed weights run on
-// the integer kernels, each distinct input quantized to A8 once for all the jobs that
-// read it; fp32 weights on the reference dot product.
-struct MatMulJob {
-  MatrixView w;
-  const float* x = nullptr;
-  int64_t n = 0;
-  float* y = nullptr;
-};
-void MatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs);
-
-// y[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i] over each of `n_rows` rows of
-// `width` values (weight has `width` values). y may be x.
-void RmsNorm(const float* x, int64_t n_rows, int64_t width, const float* weight, float eps,
-             float* y);
-
-// y[t][i] += b[i] over n rows of b.size() values.
-void AddBias(const std::vector<float>& b, int64_t n, float* y);
-
-struct RopeParams {
-  format::RopeLayout layout = format::RopeLayout::kNormal;
-  int n_rot = 0;                        // leading dimensions of each head that rotate
-  float theta_base = 10000;             // rope.freq_base
-  float freq_scale = 1;                 // 1 / linear scaling factor
-  const float* freq_factors = nullptr;  // n_rot / 2 divisors of the frequencies, or null
-};
-
-// Rotates the heads of x ([n][n_heads * head_dim]) for positions pos0 .. pos0 + n - 1.
-// kNormal rotates adjacent pairs (x[2i], x[2i+1]); kNeox rotates (x[i], x[i + n_rot/2]).
-// Pair i turns by pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i].
-void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int head_dim,
-               float* x);
-
-struct AttentionShape {
-  int n_head = 0;
-  int n_head_kv = 0;
-  int head_dim_k = 0;
-  int head_dim_v = 0;
-  float scale = 1;  // applied to q.k before the softmax
-};
-
-// Causal grouped-query attention for the n queries at positions pos0 .. pos0 + n - 1
-// (q: [n][n_head * head_dim_k]) over cached keys/values at positions 0 .. pos0 + n - 1
-// (k: rows of n_head_kv * head_dim_k, v: rows of n_head_kv * head_dim_v). Query head h
-// reads KV head h / (n_head / n_head_kv). out: [n][n_head * head_dim_v].
-void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
-               int64_t pos0, const float* k_cache, const float* v_cache, float* out);
-
-// silu(x) = x / (1 + exp(-x)); sigmoid(x) = 1 / (1 + exp(-x)).
-float Silu(float x);
-float Sigmoid(float x);
-
-// A SwiGLU feed-forward network: down(silu(gate(x)) * up(x)).
-struct FfnWeights {
-  Matrix gate;  // [n_ff][n_embd]
-  Matrix up;    // [n_ff][n_embd]
-  Matrix down;  // [n_embd][n_ff]
-
-  bool empty() const { return gate.empty(); }
-};
-
-// out: [n][n_embd] for x: [n][n_embd].
-void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n, float* out);
+// The weights and the CPU ops the layers are built from (backend/matrix.h,
+// backend/cpu/f32_ops.h), under the names the model has always used.
+using backend::FfnWeights;
+using backend::Matrix;
+using backend::MatrixView;
+using backend::cpu::AddBias;
+using backend::cpu::ApplyRope;
+using backend::cpu::Attention;
+using backend::cpu::AttentionShape;
+using backend::cpu::Dot;
+using backend::cpu::MatMul;
+using backend::cpu::MatMulJob;
+using backend::cpu::MatMuls;
+using backend::cpu::RmsNorm;
+using backend::cpu::RopeParams;
+using backend::cpu::Sigmoid;
+using backend::cpu::Silu;
+using backend::cpu::SwiGluFfn;
+using backend::cpu::ThreadPool;
 
 // A mixture-of-experts feed-forward network: a softmax router over all experts, the
 // top n_used, their weights renormalised to sum to 1 or not, and the weighted sum of

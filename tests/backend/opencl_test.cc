@@ -45,7 +45,7 @@
 #include "backend/opencl/ops.h"
 #include "backend/opencl/program_cache.h"
 #include "backend/packing.h"
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
@@ -55,6 +55,11 @@
 
 namespace moert::backend::opencl {
 namespace {
+
+using cpu::A8Matrix;
+using cpu::FusedFfn;
+using cpu::QMatMulJob;
+using cpu::QMatMuls;
 
 bool RequireOpenCl() {
   const char* v = std::getenv("MOERT_REQUIRE_OPENCL");

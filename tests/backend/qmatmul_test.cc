@@ -2,7 +2,7 @@
 // unpacked weights and dequantized activations, and FusedFfn (the MoE expert op)
 // against an fp32 SwiGLU; GEMV vs GEMM, one token vs a batch and 1 vs 2 threads all
 // give the same bits.
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include "format/ggml_types.h"
 #include "kernels/config.h"
 
-namespace moert::backend {
+namespace moert::backend::cpu {
 namespace {
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -230,4 +230,4 @@ INSTANTIATE_TEST_SUITE_P(Formats, QMatMulTest,
                          });
 
 }  // namespace
-}  // namespace moert::backend
+}  // namespace moert::backend::cpu

@@ -31,7 +31,7 @@
 #include "backend/opencl/buffer.h"
 #include "backend/opencl/device.h"
 #include "backend/packing.h"
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 
 namespace moert::backend::opencl {
 

@@ -7,8 +7,8 @@
 // of kernels/ukernel.h, so results do not depend on the thread count, on the ISA
 // variant (the kernels are bit-identical) or on whether tokens run one at a time
 // (GEMV) or batched (GEMM).
-#ifndef MOERT_BACKEND_QMATMUL_H_
-#define MOERT_BACKEND_QMATMUL_H_
+#ifndef MOERT_BACKEND_CPU_QMATMUL_H_
+#define MOERT_BACKEND_CPU_QMATMUL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -17,52 +17,13 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "backend/matrix.h"
 #include "backend/packing.h"
 #include "core/thread_pool.h"
 #include "kernels/config.h"
 #include "kernels/ukernel.h"
 
-namespace moert::backend {
-
-// A borrowed matrix in a runtime layout (PackedBytes(format, rows, cols) bytes).
-struct PackedView {
-  WeightFormat format = WeightFormat::kW8;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  const uint8_t* data = nullptr;
-
-  bool empty() const { return data == nullptr; }
-};
-
-// An owned packed matrix, or `groups` matrices of `rows` x `cols` back to back (a
-// stacked expert tensor: each expert packed on its own, so each is one extent).
-class PackedMatrix {
- public:
-  PackedMatrix() = default;
-  PackedMatrix(WeightFormat format, int64_t groups, int64_t rows, int64_t cols);
-
-  bool empty() const { return bytes_ == nullptr; }
-  WeightFormat format() const { return format_; }
-  int64_t groups() const { return groups_; }
-  int64_t rows() const { return rows_; }  // per group
-  int64_t cols() const { return cols_; }
-  size_t group_bytes() const { return group_bytes_; }
-  size_t size_bytes() const { return group_bytes_ * static_cast<size_t>(groups_); }
-
-  uint8_t* mutable_group(int64_t g) { return bytes_.get() + static_cast<size_t>(g) * group_bytes_; }
-  PackedView group(int64_t g) const {
-    return {format_, rows_, cols_, bytes_.get() + static_cast<size_t>(g) * group_bytes_};
-  }
-
- private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
-  WeightFormat format_ = WeightFormat::kW8;
-  int64_t groups_ = 0, rows_ = 0, cols_ = 0;
-  size_t group_bytes_ = 0;
-  std::unique_ptr<uint8_t, Free> bytes_;  // 64-byte aligned
-};
+namespace moert::backend::cpu {
 
 // n rows of K activations quantized to A8 (K a multiple of 32).
 class A8Matrix {
@@ -94,13 +55,6 @@ struct QMatMulJob {
 void QMatMuls(core::ThreadPool& pool, const kernels::KernelConfig& config,
               std::span<const QMatMulJob> jobs);
 
-// One expert's (or a dense FFN's) SwiGLU weights: down(silu(gate x) * up x).
-struct FfnView {
-  PackedView gate;  // [n_ff][n_embd]
-  PackedView up;    // [n_ff][n_embd]
-  PackedView down;  // [n_embd][n_ff]
-};
-
 // Whether FusedFfn can run these weights: packed, n_embd and n_ff multiples of 32.
 bool CanFuse(const FfnView& w);
 
@@ -115,6 +69,6 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
               int k, const int* experts, const float* weights,
               absl::FunctionRef<FfnView(int)> expert, int64_t n_embd, float* out);
 
-}  // namespace moert::backend
+}  // namespace moert::backend::cpu
 
-#endif  // MOERT_BACKEND_QMATMUL_H_
+#endif  // MOERT_BACKEND_CPU_QMATMUL_H_

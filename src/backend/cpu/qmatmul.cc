@@ -1,5 +1,5 @@
 // The CPU operators over the integer microkernels (see qmatmul.h).
-#include "backend/qmatmul.h"
+#include "backend/cpu/qmatmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <new>
 #include <utility>
 
-namespace moert::backend {
+namespace moert::backend::cpu {
 namespace {
 
 // Weight tiles (8 rows each) per task: small enough that 2+ threads share even a
@@ -70,18 +70,6 @@ struct TaskIndex {
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
-
-void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
-
-PackedMatrix::PackedMatrix(WeightFormat format, int64_t groups, int64_t rows, int64_t cols)
-    : format_(format), groups_(groups), rows_(rows), cols_(cols),
-      group_bytes_(PackedBytes(format, rows, cols)) {
-  // Rounded up to the alignment, as aligned_alloc requires.
-  const size_t total = (group_bytes_ * static_cast<size_t>(groups) + 63) / 64 * 64;
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, total == 0 ? 64 : total));
-  if (p == nullptr) throw std::bad_alloc();
-  bytes_.reset(p);
-}
 
 void A8Matrix::Quantize(const kernels::KernelConfig& config, core::ThreadPool& pool,
                         const float* x, int64_t n, int64_t k) {
@@ -284,4 +272,4 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
   });
 }
 
-}  // namespace moert::backend
+}  // namespace moert::backend::cpu
