@@ -4,6 +4,12 @@ list(APPEND MOERT_SOURCES
   backend/cpu/qmatmul.cc
   backend/cpu/f32_ops.cc
   backend/matrix.cc
+  backend/expert_groups.cc
+  backend/backend.cc
+  backend/cpu/cpu_backend.cc
+  backend/registry.cc
+  backend/device_kv.cc
+  backend/cpu_fallback.cc
 )
 # The OpenCL backend (MOERT_HAVE_OPENCL, cmake/MoertOpenCL.cmake).
 if(MOERT_HAVE_OPENCL)
@@ -13,5 +19,6 @@ if(MOERT_HAVE_OPENCL)
     backend/opencl/program_cache.cc
     backend/opencl/buffer.cc
     backend/opencl/ops.cc
+    backend/opencl/opencl_backend.cc
   )
 endif()

@@ -1,5 +1,5 @@
-// The decoder-only transformer shared by every architecture, its KV cache, and the
-// attention and feed-forward blocks the architecture files compose.
+// The decoder-only transformer (see decoder.h): loading, the KV cache, batching, and
+// which backend's layer graph runs a batch.
 #include "model/decoder.h"
 
 #include <algorithm>
@@ -15,7 +15,8 @@
 #include "experts/expert_directory.h"
 #include "experts/hot_set.h"
 #include "experts/loader.h"
-#include "model/opencl_decoder.h"
+#include "backend/cpu_fallback.h"
+#include "backend/registry.h"
 
 namespace moert::model {
 
@@ -64,16 +65,26 @@ uint64_t ScratchBytes(const ModelSpec& spec, uint64_t positions) {
 }  // namespace
 
 // fp32 keys and values, layer-major: layer l's keys are [capacity][n_head_kv * head_dim_k].
+// fp32 keys and values, layer-major: layer l's keys are [capacity][n_head_kv * head_dim_k],
+// held as CPU buffers the layer graph addresses.
 class DecoderKvCache final : public KvCache {
  public:
-  DecoderKvCache(int capacity, int n_layer, int64_t k_width, int64_t v_width)
+  DecoderKvCache(backend::Backend& cpu, int capacity, int n_layer, int64_t k_width,
+                 int64_t v_width)
       : id_(NextId()),
         capacity_(capacity),
         n_layer_(n_layer),
         k_width_(k_width),
         v_width_(v_width),
         k_(static_cast<size_t>(int64_t{capacity} * n_layer * k_width)),
-        v_(static_cast<size_t>(int64_t{capacity} * n_layer * v_width)) {}
+        v_(static_cast<size_t>(int64_t{capacity} * n_layer * v_width)) {
+    k_buffer_ = cpu.WrapHost(k_.data(), k_.size() * sizeof(float)).value();
+    v_buffer_ = cpu.WrapHost(v_.data(), v_.size() * sizeof(float)).value();
+    for (int l = 0; l < n_layer_; ++l) {
+      key_rows_.push_back(k_.data() + int64_t{l} * capacity_ * k_width_);
+      value_rows_.push_back(v_.data() + int64_t{l} * capacity_ * v_width_);
+    }
+  }
 
   int capacity() const override { return capacity_; }
   int size() const override { return size_; }
@@ -83,19 +94,17 @@ class DecoderKvCache final : public KvCache {
     return n_layer_ == static_cast<int>(spec.n_layer) && k_width_ == KeyWidth(spec) &&
            v_width_ == ValueWidth(spec);
   }
-  float* keys(int layer) { return k_.data() + int64_t{layer} * capacity_ * k_width_; }
-  float* values(int layer) { return v_.data() + int64_t{layer} * capacity_ * v_width_; }
   void set_size(int n) { size_ = n; }
-  // Distinct per cache object (the OpenCL backend's device copy names its cache).
+  // Distinct per cache object (a device's copy names its cache).
   uint64_t id() const { return id_; }
-  HostKv Host() {
-    HostKv kv;
-    kv.id = id_;
-    kv.capacity = capacity_;
-    for (int l = 0; l < n_layer_; ++l) {
-      kv.keys.push_back(keys(l));
-      kv.values.push_back(values(l));
-    }
+  SequenceKv Sequence() const {
+    SequenceKv kv;
+    kv.host.id = id_;
+    kv.host.capacity = capacity_;
+    kv.host.keys = key_rows_;
+    kv.host.values = value_rows_;
+    kv.keys = k_buffer_.get();
+    kv.values = v_buffer_.get();
     return kv;
   }
 
@@ -113,7 +122,10 @@ class DecoderKvCache final : public KvCache {
   int size_ = 0;
   std::vector<float> k_;
   std::vector<float> v_;
+  std::unique_ptr<backend::Buffer> k_buffer_, v_buffer_;  // over k_ and v_
+  std::vector<float*> key_rows_, value_rows_;           // per layer
 };
+
 
 const char* BackendName(Backend backend) {
   switch (backend) {
@@ -135,27 +147,59 @@ absl::StatusOr<Backend> ParseBackend(std::string_view name) {
       StrCat("unknown backend '", name, "' (choose cpu, opencl or auto)"));
 }
 
-DecoderModel::DecoderModel(ModelSpec spec, int threads) : spec_(std::move(spec)), pool_(threads) {}
+
+DecoderModel::DecoderModel(ModelSpec spec, int threads)
+    : spec_(std::move(spec)),
+      attention_{spec_.arch->rope, spec_.arch->qk_norm, spec_.arch->qkv_bias},
+      pool_(threads),
+      cpu_(std::make_unique<backend::cpu::CpuBackend>(pool_)) {}
 
 DecoderModel::~DecoderModel() = default;
 
+ModelWeights DecoderModel::Weights() const {
+  ModelWeights w;
+  w.spec = &spec_;
+  w.token_embd = &token_embd_;
+  w.output_norm = &output_norm_;
+  w.output = &output_;
+  w.rope_freqs = &rope_freqs_;
+  w.layers = &layers_;
+  w.attention = attention_;
+  return w;
+}
+
+namespace {
+
+pipeline::PooledPlacement PlacementOf(PooledExperts placement) {
+  switch (placement) {
+    case PooledExperts::kDevice:
+      return pipeline::PooledPlacement::kDevice;
+    case PooledExperts::kDeviceCopy:
+      return pipeline::PooledPlacement::kDeviceCopy;
+    case PooledExperts::kHost:
+      return pipeline::PooledPlacement::kHost;
+  }
+  return pipeline::PooledPlacement::kDevice;
+}
+
+}  // namespace
+
 absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
+  GraphOptions cpu_options;
+  cpu_options.ffn_input_observer = &ffn_input_observer_;
+  cpu_graph_ = std::make_unique<LayerGraph>(*cpu_, Weights(), &moe_services_, nullptr, cpu_options);
+  MOERT_RETURN_IF_ERROR(cpu_graph_->Init());
   if (options.backend == Backend::kCpu) return absl::OkStatus();
   const bool is_auto = options.backend == Backend::kAuto;
-  // What the device path does not run: kOpenCl says so, kAuto stays on the CPU.
+  // What a device does not run: kOpenCl says so, kAuto stays on the CPU.
   std::string cpu_only;
-  AttentionOptions attention;
-  bool shared_expert = false;
-  // With an expert pool, the MoE blocks' routing runs on the host (DecoderView::
-  // expert_cache), so the router's adjustments go too.
-  const bool host_moe = expert_cache_ != nullptr;
-  if (!PreNormLayout(&attention, &shared_expert)) {
-    cpu_only = "this architecture's layers run on the CPU only";
-  } else if (options.ffn_input_observer || options.route_observer) {
+  if (options.ffn_input_observer || options.route_observer) {
     cpu_only = "FFN input and routing observers run on the CPU only";
-  } else if (!host_moe &&
+  } else if (expert_cache_ == nullptr &&
              (options.router.dynamic_k_p != 0 || options.router.modality_lambda != 0 ||
               options.resource_monitor.thermal_limit_c != 0)) {
+    // Without an expert pool the device routes (its top-k): the router's adjustments
+    // need the host.
     cpu_only = "dynamic top-k, the modality bias and the thermal limit run on the CPU only";
   }
   if (!cpu_only.empty()) {
@@ -165,89 +209,69 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
     }
     return absl::UnimplementedError(StrCat("--backend opencl: ", cpu_only));
   }
-#ifdef MOERT_HAVE_OPENCL
-  DecoderView view;
-  view.spec = &spec_;
-  view.token_embd = &token_embd_;
-  view.output_norm = &output_norm_;
-  view.output = &output_;
-  view.rope_freqs = &rope_freqs_;
-  view.layers = &layers_;
-  view.attention = attention;
-  view.shared_expert = shared_expert;
-  if (host_moe) {
-    view.expert_cache = expert_cache_.get();
-    view.host_pool = &pool_;
-    view.pooled_experts = options.opencl_pooled_experts;
+  // The device: the caller's, or the OpenCL backend (backend/registry.h).
+  absl::StatusOr<std::unique_ptr<backend::Backend>> device;
+  if (options.device_backend) {
+    device = options.device_backend();
+  } else {
+    backend::BackendOptions open;
+    open.require_gpu = is_auto;
+    open.allow_cpu_device = options.opencl_allow_cpu_device;
+    device = backend::CreateBackend("opencl", open);
+    if (!device.ok() && absl::IsNotFound(device.status())) {
+      device = absl::FailedPreconditionError(
+          "--backend opencl: moert was built without the OpenCL backend (OpenCL not found at build)");
+      if (is_auto) device = absl::FailedPreconditionError("moert was built without the OpenCL backend");
+    }
   }
-  OpenClDecoderOptions cl_options;
-  cl_options.require_gpu = is_auto;
-  cl_options.allow_cpu_device = options.opencl_allow_cpu_device;
-  cl_options.kv_half = options.opencl_kv_half;
-  auto decoder = NewOpenClDecoder(view, cl_options);
-  if (!decoder.ok()) {
+  absl::Status status = device.status();
+  if (status.ok()) {
+    // What the device lacks runs on the CPU (backend/cpu_fallback.h).
+    device_ = std::make_unique<backend::CpuFallbackBackend>(std::move(*device), *cpu_);
+    GraphOptions device_options;
+    device_options.placement = PlacementOf(options.opencl_pooled_experts);
+    device_options.kv_half = options.opencl_kv_half;
+    device_graph_ = std::make_unique<LayerGraph>(*device_, Weights(), &moe_services_,
+                                                 cpu_graph_.get(), device_options);
+    status = device_graph_->Init();
+  }
+  if (!status.ok()) {
+    device_graph_.reset();
+    device_.reset();
     if (is_auto) {
-      backend_.cpu_reason = std::string(decoder.status().message());
+      backend_.cpu_reason = std::string(status.message());
       return absl::OkStatus();
     }
-    return decoder.status();
+    return status;
   }
-  opencl_ = std::move(*decoder);
   fallback_to_cpu_ = is_auto;
-  backend_.backend = "OpenCL";
-  backend_.device = StrCat(opencl_->device_name(), " (", opencl_->device_type(), ")");
-  backend_.driver = opencl_->driver_version();
+  const backend::DeviceDescription d = device_->device();
+  backend_.backend = std::string(device_->name());
+  backend_.device = StrCat(d.name, " (", d.type, ")");
+  backend_.driver = d.driver;
   return absl::OkStatus();
-#else
-  if (is_auto) {
-    backend_.cpu_reason = "moert was built without the OpenCL backend";
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(
-      "--backend opencl: moert was built without the OpenCL backend (OpenCL not found at build)");
-#endif
 }
 
 BackendStats DecoderModel::backend_stats() const {
   BackendStats stats = backend_;
-  if (opencl_ != nullptr) {
-    stats.device_weight_bytes = opencl_->weight_bytes();
-    stats.device_kv_bytes = opencl_->kv_bytes();
-  }
-  if (opencl_ != nullptr && expert_cache_ != nullptr) {
-    const DevicePoolStats pooled = opencl_->pooled_stats();
-    stats.pooled_experts = pooled.placement;
-    stats.pooled_device_batches = pooled.device_batches;
-    stats.pooled_host_batches = pooled.host_batches;
-    stats.pooled_published_bytes = pooled.published_bytes;
+  stats.fallbacks = failures_.fallbacks();
+  stats.last_fallback = failures_.last_failure();
+  stats.device_batches = failures_.device_batches();
+  if (device_graph_ != nullptr) {
+    stats.cpu_placed_ops = device_->cpu_ops();
+    stats.device_weight_bytes = device_graph_->weight_bytes();
+    stats.device_kv_bytes = device_graph_->kv_bytes();
+    if (expert_cache_ != nullptr) {
+      const pipeline::PooledStats pooled = device_graph_->pooled_stats();
+      stats.pooled_experts = pooled.placement;
+      stats.pooled_device_batches = pooled.device_batches;
+      stats.pooled_host_batches = pooled.host_batches;
+      stats.pooled_published_bytes = pooled.published_bytes;
+    }
   }
   return stats;
 }
 
-absl::Status DecoderModel::InjectDeviceFailureForTesting(const DeviceFailureForTesting& failure) {
-  if (opencl_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "the model has no OpenCL forward to inject a failure into");
-  }
-  opencl_->InjectFailureForTesting(failure);
-  return absl::OkStatus();
-}
-
-absl::Status DecoderModel::SpoilZeroCopyCheckForTesting() {
-  if (opencl_ == nullptr) {
-    return absl::FailedPreconditionError("the model has no OpenCL forward to spoil");
-  }
-  opencl_->SpoilZeroCopyCheckForTesting();
-  return absl::OkStatus();
-}
-
-absl::Status DecoderModel::FallBackToCpuForTesting() {
-  if (opencl_ == nullptr) {
-    return absl::FailedPreconditionError("the model has no OpenCL forward to fall back from");
-  }
-  fallback_to_cpu_ = true;
-  return absl::OkStatus();
-}
 
 absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
@@ -267,10 +291,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
   }
   MOERT_RETURN_IF_ERROR(LoadTensors(loader));
   if (expert_cache_ != nullptr) {
-    for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
-      layers_[il].moe.cache = expert_cache_.get();
-      layers_[il].moe.layer = il;
-    }
+    moe_services_.cache = expert_cache_.get();
     if (options.hot_set) {
       hot_set_path_ = options.hot_set_path.empty() ? experts::HotSetPath(file.name())
                                                    : options.hot_set_path;
@@ -295,10 +316,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
 absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
   route_observer_ = options.route_observer;
-  for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
-    layers_[il].moe.layer = il;
-    layers_[il].moe.route_observer = &route_observer_;
-  }
+  moe_services_.route_observer = &route_observer_;
   if (!spec_.is_moe() || options.reference_routing) return absl::OkStatus();
   MOERT_RETURN_IF_ERROR(router::Router::Validate(options.router));
   if (!(options.resource_monitor.thermal_limit_c >= 0)) {
@@ -317,7 +335,7 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
     MOERT_ASSIGN_OR_RETURN(bias, file.GetFloatArray(router::kModalityBiasKey));
   }
   MOERT_RETURN_IF_ERROR(router_->SetModalityBias(std::move(bias)));
-  for (LayerWeights& layer : layers_) layer.moe.adaptive_router = router_.get();
+  moe_services_.router = router_.get();
   return absl::OkStatus();
 }
 
@@ -329,24 +347,15 @@ absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
                                              "] (layers ahead), got ", depth));
   }
   if (expert_cache_ != nullptr) expert_cache_->Drain();
-  for (LayerWeights& layer : layers_) {
-    layer.moe.prefetcher = nullptr;
-    layer.moe.prefetch_router = nullptr;
-    layer.moe.prefetch_layer = -1;
-  }
+  moe_services_.prefetcher = nullptr;
+  moe_services_.prefetch_depth = 0;
   prefetcher_.reset();
   if (!enabled || expert_cache_ == nullptr) return absl::OkStatus();
   prefetcher_ = std::make_unique<pipeline::Prefetcher>(
       expert_cache_.get(), n_layer, static_cast<int>(spec_.n_expert),
       static_cast<int>(spec_.n_expert_used), depth);
-  for (int il = 0; il < n_layer; ++il) {
-    MoeWeights& moe = layers_[static_cast<size_t>(il)].moe;
-    moe.prefetcher = prefetcher_.get();
-    if (il + depth < n_layer) {
-      moe.prefetch_router = &layers_[static_cast<size_t>(il + depth)].moe.router;
-      moe.prefetch_layer = il + depth;
-    }
-  }
+  moe_services_.prefetcher = prefetcher_.get();
+  moe_services_.prefetch_depth = depth;
   return absl::OkStatus();
 }
 
@@ -508,7 +517,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(int n_ctx) con
   }
   try {
     return std::unique_ptr<KvCache>(std::make_unique<DecoderKvCache>(
-        n_ctx, static_cast<int>(spec_.n_layer), KeyWidth(spec_), ValueWidth(spec_)));
+        *cpu_, n_ctx, static_cast<int>(spec_.n_layer), KeyWidth(spec_), ValueWidth(spec_)));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         StrCat("cannot allocate a KV cache of ", n_ctx, " positions (", bytes, " bytes)"));
@@ -566,17 +575,15 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
 absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
                                         DecoderKvCache* cache, int64_t first_logit_row,
                                         float* logits) {
-  // One step of the pool's clocks per batch, on whichever backend runs it (the device
-  // path runs the MoE blocks on the host too).
+  // One step of the pool's clocks per batch, on whichever backend runs it.
   if (expert_cache_ != nullptr) expert_cache_->BeginStep();
   if (router_ != nullptr) router_->BeginStep();
   if (prefetcher_ != nullptr) prefetcher_->BeginStep();
-  if (opencl_ != nullptr) {
-    absl::Status status =
-        opencl_->ForwardBatch(tokens, pos0, cache->Host(), first_logit_row, logits);
+  const SequenceKv kv = cache->Sequence();
+  if (device_graph_ != nullptr) {
+    absl::Status status = device_graph_->Forward(tokens, pos0, kv, first_logit_row, logits);
     if (status.ok()) {
-      ++device_batches_;
-      device_failures_in_a_row_ = 0;
+      failures_.OnSuccess();
       return status;
     }
     if (!fallback_to_cpu_) return status;
@@ -584,61 +591,23 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
     // left the host cache below pos0 as it was (it writes host rows only from pos0,
     // which the CPU rewrites below); the device copy is stale from pos0 on, so the
     // next device run uploads those rows from the host.
-    ++backend_.fallbacks;
-    backend_.last_fallback = status.ToString();
-    if (++device_failures_in_a_row_ < kDeviceFailuresBeforeCpu) {
-      opencl_->Invalidate(cache->id(), pos0);
+    if (!failures_.OnFailure(status)) {
+      device_graph_->Invalidate(cache->id(), pos0);
     } else {
-      // A device that fails every request (lost, reset, out of memory for good) would
-      // only add its failure's latency to each: the CPU runs the rest, and the
-      // device's memory (the weights' copies) is freed.
       backend_.cpu_reason = StrCat(
-          "the OpenCL device ", backend_.device, " failed ", device_failures_in_a_row_,
-          " requests in a row; the CPU runs the rest (the last: ", std::string(status.message()),
-          ")");
+          "the ", backend_.backend, " device ", backend_.device, " failed ",
+          failures_.failures_in_a_row(), " requests in a row; the CPU runs the rest (the last: ",
+          std::string(status.message()), ")");
       backend_.backend = "CPU";
       backend_.device.clear();
       backend_.driver.clear();
-      opencl_.reset();
+      device_graph_.reset();
+      device_.reset();
     }
   }
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t n_embd = spec_.n_embd;
-  std::vector<float> x(static_cast<size_t>(n * n_embd));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* row = token_embd_.row(tokens[t]);
-    std::copy(row, row + n_embd, x.begin() + t * n_embd);
-  }
-  std::vector<float> cur(x.size()), out(x.size());
-
-  LayerContext ctx;
-  ctx.pool = &pool_;
-  ctx.spec = &spec_;
-  ctx.rope.n_rot = static_cast<int>(spec_.n_rot);
-  ctx.rope.theta_base = spec_.rope_theta;
-  ctx.rope.freq_scale =
-      spec_.rope_scaling == format::RopeScaling::kLinear ? 1.0f / spec_.rope_scaling_factor : 1.0f;
-  ctx.rope.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
-  ctx.n_tokens = n;
-  ctx.pos0 = pos0;
-  ctx.x = x.data();
-  ctx.cur = &cur;
-  ctx.out = &out;
-  ctx.ffn_input_observer = &ffn_input_observer_;
-  for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
-    ctx.k_cache = cache->keys(il);
-    ctx.v_cache = cache->values(il);
-    ctx.layer = il;
-    MOERT_RETURN_IF_ERROR(RunLayer(ctx, layers_[il]));
-  }
-
-  if (first_logit_row >= n) return absl::OkStatus();
-  const int64_t rows = n - first_logit_row;
-  RmsNorm(x.data() + first_logit_row * n_embd, rows, n_embd, output_norm_.data(), spec_.rms_eps,
-          cur.data());
-  MatMul(pool_, output_.empty() ? token_embd_ : output_, cur.data(), rows, logits);
-  return absl::OkStatus();
+  return cpu_graph_->Forward(tokens, pos0, kv, first_logit_row, logits);
 }
+
 
 absl::Status LoadAttention(WeightLoader& loader, const ModelSpec& spec, int layer,
                            const AttentionOptions& options, AttentionWeights* w) {
@@ -724,89 +693,17 @@ absl::Status LoadMoeFfn(WeightLoader& loader, const ModelSpec& spec, int layer, 
                      &w->shared_gate);
 }
 
-void RunAttention(LayerContext& ctx, const AttentionWeights& w, const AttentionOptions& options,
-                  const float* in, float* out) {
-  const ModelSpec& spec = *ctx.spec;
-  const int64_t n = ctx.n_tokens;
-  const int n_head = static_cast<int>(spec.n_head);
-  const int n_head_kv = static_cast<int>(spec.n_head_kv);
-  const int dk = static_cast<int>(spec.head_dim_k);
-  const int64_t q_width = int64_t{n_head} * dk;
-  const int64_t k_width = KeyWidth(spec);
-  const int64_t v_width = ValueWidth(spec);
-  std::vector<float> q(static_cast<size_t>(n * q_width));
-  std::vector<float> k(static_cast<size_t>(n * k_width));
-  std::vector<float> v(static_cast<size_t>(n * v_width));
-  const MatMulJob qkv[3] = {
-      {w.wq, in, n, q.data()}, {w.wk, in, n, k.data()}, {w.wv, in, n, v.data()}};
-  MatMuls(*ctx.pool, qkv);
-  if (!w.bq.empty()) AddBias(w.bq, n, q.data());
-  if (!w.bk.empty()) AddBias(w.bk, n, k.data());
-  if (!w.bv.empty()) AddBias(w.bv, n, v.data());
-
-  if (options.qk_norm == format::QkNorm::kPerHead) {
-    RmsNorm(q.data(), n * n_head, dk, w.q_norm.data(), spec.rms_eps, q.data());
-    RmsNorm(k.data(), n * n_head_kv, dk, w.k_norm.data(), spec.rms_eps, k.data());
-  } else if (options.qk_norm == format::QkNorm::kFullWidth) {
-    RmsNorm(q.data(), n, q_width, w.q_norm.data(), spec.rms_eps, q.data());
-    RmsNorm(k.data(), n, k_width, w.k_norm.data(), spec.rms_eps, k.data());
-  }
-
-  RopeParams rope = ctx.rope;
-  rope.layout = options.rope;
-  ApplyRope(rope, ctx.pos0, n, n_head, dk, q.data());
-  ApplyRope(rope, ctx.pos0, n, n_head_kv, dk, k.data());
-
-  std::copy(k.begin(), k.end(), ctx.k_cache + ctx.pos0 * k_width);
-  std::copy(v.begin(), v.end(), ctx.v_cache + ctx.pos0 * v_width);
-
-  AttentionShape shape;
-  shape.n_head = n_head;
-  shape.n_head_kv = n_head_kv;
-  shape.head_dim_k = dk;
-  shape.head_dim_v = static_cast<int>(spec.head_dim_v);
-  shape.scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  std::vector<float> attn(static_cast<size_t>(n * n_head * shape.head_dim_v));
-  Attention(*ctx.pool, shape, q.data(), n, ctx.pos0, ctx.k_cache, ctx.v_cache, attn.data());
-  MatMul(*ctx.pool, w.wo, attn.data(), n, out);
-}
-
-void NormInto(LayerContext& ctx, const std::vector<float>& weight, std::vector<float>* cur) {
-  RmsNorm(ctx.x, ctx.n_tokens, ctx.spec->n_embd, weight.data(), ctx.spec->rms_eps, cur->data());
-}
-
-void AddResidual(LayerContext& ctx, const std::vector<float>& out) {
-  const int64_t size = ctx.n_tokens * ctx.spec->n_embd;
-  for (int64_t i = 0; i < size; ++i) ctx.x[i] += out[i];
-}
-
-absl::Status PreNormDecoderModel::LoadLayer(WeightLoader& loader, int layer,
-                                             LayerWeights* w) {
-  const int64_t n_embd = spec().n_embd;
+absl::Status DecoderModel::LoadLayer(WeightLoader& loader, int layer, LayerWeights* w) {
+  const int64_t n_embd = spec_.n_embd;
   MOERT_RETURN_IF_ERROR(loader.LoadVector(
       format::TensorWeightName(format::TensorKind::kAttnNorm, layer), n_embd, &w->attn_norm));
-  MOERT_RETURN_IF_ERROR(LoadAttention(loader, spec(), layer, attention_, &w->attn));
+  MOERT_RETURN_IF_ERROR(LoadAttention(loader, spec_, layer, attention_, &w->attn));
   MOERT_RETURN_IF_ERROR(loader.LoadVector(
       format::TensorWeightName(format::TensorKind::kFfnNorm, layer), n_embd, &w->ffn_norm));
-  if (spec().is_moe()) return LoadMoeFfn(loader, spec(), layer, shared_expert_, &w->moe);
-  return LoadDenseFfn(loader, spec(), layer, &w->ffn);
-}
-
-absl::Status PreNormDecoderModel::RunLayer(LayerContext& ctx, const LayerWeights& w) {
-  NormInto(ctx, w.attn_norm, ctx.cur);
-  RunAttention(ctx, w.attn, attention_, ctx.cur->data(), ctx.out->data());
-  AddResidual(ctx, *ctx.out);
-  NormInto(ctx, w.ffn_norm, ctx.cur);
-  if (ctx.ffn_input_observer != nullptr && *ctx.ffn_input_observer) {
-    (*ctx.ffn_input_observer)(ctx.layer, ctx.n_tokens, ctx.cur->data());
+  if (spec_.is_moe()) {
+    return LoadMoeFfn(loader, spec_, layer, spec_.arch->shared_expert, &w->moe);
   }
-  if (spec().is_moe()) {
-    MOERT_RETURN_IF_ERROR(MoeFfn(*ctx.pool, w.moe, ctx.cur->data(), ctx.n_tokens, ctx.out->data()));
-  } else {
-    SwiGluFfn(*ctx.pool, w.ffn, ctx.cur->data(), ctx.n_tokens, ctx.out->data());
-  }
-  AddResidual(ctx, *ctx.out);
-  return absl::OkStatus();
+  return LoadDenseFfn(loader, spec_, layer, &w->ffn);
 }
 
 }  // namespace moert::model

@@ -23,30 +23,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const format::GgufFile& file,
                                            spec.rope_scaling_factor,
                                            ") is not implemented by the reference model"));
   }
-  std::unique_ptr<DecoderModel> model;
-  switch (spec.arch->arch) {
-    case format::Arch::kLlama:
-      model = NewLlamaModel(std::move(spec), options.threads);
-      break;
-    case format::Arch::kQwen2:
-      model = NewQwen2Model(std::move(spec), options.threads);
-      break;
-    case format::Arch::kQwen2Moe:
-      model = NewQwen2MoeModel(std::move(spec), options.threads);
-      break;
-    case format::Arch::kQwen3:
-      model = NewQwen3Model(std::move(spec), options.threads);
-      break;
-    case format::Arch::kQwen3Moe:
-      model = NewQwen3MoeModel(std::move(spec), options.threads);
-      break;
-    case format::Arch::kOlmoe:
-      model = NewOlmoeModel(std::move(spec), options.threads);
-      break;
-  }
-  if (model == nullptr) {
-    return absl::UnimplementedError(StrCat(file.name(), ": no model for this architecture"));
-  }
+  // Every supported architecture is the pre-norm decoder; its row of the architecture
+  // table says how its layers differ.
+  auto model = std::make_unique<DecoderModel>(std::move(spec), options.threads);
   try {
     MOERT_RETURN_IF_ERROR(model->LoadWeights(file, options));
   } catch (const std::bad_alloc&) {

@@ -1,7 +1,7 @@
-// The reference forward pass: plain C++ fp32 math on weights dequantized at load.
-// It stays in the tree as the oracle every fast path (kernels, expert cache,
-// pipeline) is tested against. One file per architecture (model/arch_*.cc) over the
-// shared building blocks in model/layers.h (RMSNorm, RoPE, attention, MoE FFN).
+// A model: Load reads any supported architecture from a GGUF file; Forward runs
+// batches of tokens through its layer graph (model/graph.h) on the backend the options
+// choose. With quantized_kernels off it is the fp32 reference every fast path (kernels,
+// expert cache, pipeline, devices) is tested against.
 #ifndef MOERT_MODEL_MODEL_H_
 #define MOERT_MODEL_MODEL_H_
 
@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/backend.h"
 #include "experts/expert_cache.h"
 #include "experts/io_mode.h"
 #include "format/gguf.h"
@@ -159,6 +160,10 @@ struct ModelLoadOptions {
   // results stay within the device's agreement bounds with the CPU but are no longer
   // its bits. Off by default; ignored on the CPU backend.
   bool opencl_kv_half = false;
+  // A device backend of the caller's for kOpenCl / kAuto, instead of the OpenCL device
+  // (an embedder's own backend; tests: a backend with injected failures or fewer ops).
+  // Called once at load; a failure is the device's (kAuto: the CPU runs).
+  std::function<absl::StatusOr<std::unique_ptr<backend::Backend>>()> device_backend;
 };
 
 // The backend a model runs on and why.
@@ -184,6 +189,8 @@ struct BackendStats {
   uint64_t pooled_device_batches = 0;
   uint64_t pooled_host_batches = 0;
   uint64_t pooled_published_bytes = 0;
+  uint64_t device_batches = 0;  // batches the device ran to the end
+  uint64_t cpu_placed_ops = 0;  // ops the device lacks that ran on the CPU for it
 };
 
 // The model's memory: the budget in force and, with an expert pool, its state and

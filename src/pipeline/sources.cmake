@@ -1,4 +1,5 @@
 # Sources of src/pipeline (paths relative to src/).
 list(APPEND MOERT_SOURCES
   pipeline/prefetcher.cc
+  pipeline/moe_scheduler.cc
 )

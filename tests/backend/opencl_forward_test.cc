@@ -2,8 +2,8 @@
 // F32 oracle's greedy continuation of a REFERENCE.md prompt is the CPU's token for
 // token, and on the Q8_0 and Q4_0 models the top-1 token agrees at >= 99% of the
 // scored positions of the first chunks of valid.txt (all of it in the slow suite), with
-// perplexity within 0.1%. A device failure part-way through a batch (injected:
-// DeviceFailureForTesting) is a Status on Backend::kOpenCl and a counted CPU fallback
+// perplexity within 0.1%. A device failure part-way through a batch (injected through
+// a FaultBackend around the OpenCL backend) is a Status on Backend::kOpenCl and a counted CPU fallback
 // with the CPU's result on kAuto, and the device runs the next request correctly.
 // Without a device the tests skip, unless MOERT_REQUIRE_OPENCL=1 (the host build).
 #include <gtest/gtest.h>
@@ -19,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/failure_policy.h"
 #include "backend/opencl/cl_status.h"
+#include "backend/opencl/opencl_backend.h"
+#include "backend/fault_backend.h"
 #include "common/greedy_run.h"
 #include "core/strings.h"
 #include "format/gguf.h"
@@ -42,9 +45,24 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 
-// The model on `backend`; *skip set (and nothing loaded) when the OpenCL backend has
-// no device here.
-Loaded Load(const std::string& name, Backend backend, std::string* skip) {
+// The OpenCL backend (any device, PoCL's CPU one here) inside a FaultBackend whose
+// injections `faults` arms: ModelLoadOptions::device_backend.
+std::function<absl::StatusOr<std::unique_ptr<backend::Backend>>()> FaultyOpenCl(
+    std::shared_ptr<backend::testing::FaultState> faults) {
+  return [faults]() -> absl::StatusOr<std::unique_ptr<backend::Backend>> {
+    backend::opencl::OpenClBackendOptions cl;
+    cl.allow_cpu_device = true;
+    absl::StatusOr<std::unique_ptr<backend::Backend>> device = backend::opencl::OpenOpenClBackend(cl);
+    if (!device.ok()) return device.status();
+    return std::unique_ptr<backend::Backend>(
+        std::make_unique<backend::testing::FaultBackend>(std::move(*device), faults));
+  };
+}
+
+// The model on `backend` (with `faults`: the OpenCL device through a FaultBackend);
+// *skip set (and nothing loaded) when the OpenCL backend has no device here.
+Loaded Load(const std::string& name, Backend backend, std::string* skip,
+            std::shared_ptr<backend::testing::FaultState> faults = nullptr) {
   Loaded out;
   auto file = format::GgufFile::Open(kModels + name);
   EXPECT_TRUE(file.ok()) << file.status();
@@ -52,8 +70,9 @@ Loaded Load(const std::string& name, Backend backend, std::string* skip) {
   out.file = std::move(*file);
   ModelLoadOptions options;
   options.backend = backend;
+  if (faults != nullptr) options.device_backend = FaultyOpenCl(faults);
   auto model = Model::Load(*out.file, options);
-  if (!model.ok() && backend == Backend::kOpenCl &&
+  if (!model.ok() && backend != Backend::kCpu &&
       model.status().code() == absl::StatusCode::kFailedPrecondition) {
     *skip = std::string(model.status().message());
     return out;
@@ -337,8 +356,10 @@ class OpenClPoolTest : public ::testing::Test {
 
   // The Q4_0 oracle with a 25% pool; null and *skip set without a device.
   std::unique_ptr<Model> Load(Backend backend, PooledExperts placement, bool prefetch,
-                              std::string* skip, float dynamic_k_p = 0, double pool = 0.25) {
+                              std::string* skip, float dynamic_k_p = 0, double pool = 0.25,
+                              std::shared_ptr<backend::testing::FaultState> faults = nullptr) {
     ModelLoadOptions options;
+    if (faults != nullptr) options.device_backend = FaultyOpenCl(faults);
     options.backend = backend;
     options.expert_pool_fraction = pool;
     options.router.alpha = 0;
@@ -432,14 +453,14 @@ TEST_F(OpenClPoolSlowTest, PooledExpertsRunOnTheDeviceFromThePoolsMemory) {
 // copy placement's, bit for bit.
 TEST_F(OpenClPoolTest, StaleZeroCopyViewFallsBackToADeviceCopy) {
   std::string skip;
-  std::unique_ptr<Model> gpu = Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip);
+  auto faults = std::make_shared<backend::testing::FaultState>();
+  faults->spoil_wrapped_reads = true;
+  std::unique_ptr<Model> gpu =
+      Load(Backend::kOpenCl, PooledExperts::kDevice, false, &skip, 0, 0.25, faults);
   MOERT_SKIP_WITHOUT_DEVICE(skip);
   ASSERT_NE(gpu, nullptr);
   std::unique_ptr<Model> copy = Load(Backend::kOpenCl, PooledExperts::kDeviceCopy, false, &skip);
   ASSERT_NE(copy, nullptr);
-  auto* decoder = dynamic_cast<DecoderModel*>(gpu.get());
-  ASSERT_NE(decoder, nullptr);
-  ASSERT_TRUE(decoder->SpoilZeroCopyCheckForTesting().ok());
   EXPECT_EQ(gpu->backend_stats().pooled_experts, "device (zero-copy)");
   const Score g = Run(*gpu);
   const Score c = Run(*copy);
@@ -566,25 +587,27 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// The F32 model on the OpenCL device (PoCL's CPU device here) as a DecoderModel, and
-// on the CPU for the expected results; the test is skipped without a device.
+// The F32 model on the OpenCL device (PoCL's CPU device here) through a FaultBackend,
+// and on the CPU for the expected results; the test is skipped without a device.
 class OpenClFallbackTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string skip;
-    device_ = Load(kF32, Backend::kOpenCl, &skip);
+    device_ = Load(kF32, Backend::kOpenCl, &skip, faults_);
     MOERT_SKIP_WITHOUT_DEVICE(skip);
     ASSERT_NE(device_.model, nullptr);
-    decoder_ = dynamic_cast<DecoderModel*>(device_.model.get());
-    ASSERT_NE(decoder_, nullptr);
     cpu_ = Load(kF32, Backend::kCpu, &skip);
     ASSERT_NE(cpu_.model, nullptr);
   }
 
-  // kAuto's failure policy on the device model (kAuto itself takes only a GPU).
+  // kAuto's failure policy on the device (kAuto itself opens only a GPU: the device
+  // is handed to it through ModelLoadOptions::device_backend).
   void UseAutoPolicy() {
-    const absl::Status s = decoder_->FallBackToCpuForTesting();
-    EXPECT_TRUE(s.ok()) << s;
+    std::string skip;
+    device_ = Loaded();  // its FaultBackend lets go of faults_ first
+    device_ = Load(kF32, Backend::kAuto, &skip, faults_);
+    ASSERT_NE(device_.model, nullptr);
+    EXPECT_EQ(device_.model->backend_stats().backend, "OpenCL");
   }
 
   // The CPU's greedy continuation of kRomeo.
@@ -605,22 +628,23 @@ class OpenClFallbackTest : public ::testing::Test {
     return device_batches();
   }
 
-  // A failure injected into the device model (DeviceFailureForTesting's fields).
+  // A failure injected into the device (FaultState::FailBatches); FailedPrecondition
+  // once the model has no device left to fail.
   absl::Status Inject(int after_calls, int layer, int cl_error, int times = 1) {
-    DeviceFailureForTesting failure;
-    failure.after_calls = after_calls;
-    failure.layer = layer;
-    failure.cl_error = cl_error;
-    failure.times = times;
-    return decoder_->InjectDeviceFailureForTesting(failure);
+    if (!faults_->alive) {
+      return absl::FailedPreconditionError("the model has no device to inject a failure into");
+    }
+    faults_->FailBatches(after_calls, layer, cl_error, times);
+    return absl::OkStatus();
   }
 
   Model& device() { return *device_.model; }
   Model& cpu() { return *cpu_.model; }
-  uint64_t device_batches() const { return decoder_->DeviceBatchesForTesting(); }
+  uint64_t device_batches() const { return device_.model->backend_stats().device_batches; }
 
+  std::shared_ptr<backend::testing::FaultState> faults_ =
+      std::make_shared<backend::testing::FaultState>();
   Loaded device_;
-  DecoderModel* decoder_ = nullptr;
   Loaded cpu_;
 };
 
@@ -708,7 +732,7 @@ TEST_F(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
   auto cache = model.NewKvCache(256).value();
   Generation got;
   std::vector<int32_t> batch = kRomeo;
-  constexpr int kGiveUp = DecoderModel::kDeviceFailuresBeforeCpu;
+  constexpr int kGiveUp = backend::DeviceFailurePolicy::kFailuresBeforeCpu;
   for (int i = 0; i < kSteps; ++i) {
     const absl::Status s = Step(model, cache.get(), batch, &got);
     ASSERT_TRUE(s.ok()) << "step " << i << ": " << s;
@@ -739,7 +763,7 @@ TEST_F(OpenClFallbackTest, AutoGivesALostDeviceUpAfterFailuresInARow) {
 // Failures that are not in a row keep the device: a success in between resets the count.
 TEST_F(OpenClFallbackTest, AutoKeepsTheDeviceWhenFailuresAreNotInARow) {
   UseAutoPolicy();
-  constexpr int kGiveUp = DecoderModel::kDeviceFailuresBeforeCpu;
+  constexpr int kGiveUp = backend::DeviceFailurePolicy::kFailuresBeforeCpu;
   const Generation want = CpuGreedy(2 * kGiveUp + 2);
   Model& model = device();
   const uint64_t batches = SpoilDeviceKvCache(256);

@@ -18,11 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
+#include "core/status.h"
 #include "format/arch.h"
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
 #include "model/layers.h"
 #include "model/model.h"
+#include "pipeline/moe_scheduler.h"
 
 namespace moert::model {
 namespace {
@@ -630,6 +633,19 @@ TEST(Blocks, SwiGluFfnMatchesHandComputation) {
   EXPECT_NEAR(out[1], -h0 + 2 * h1, 1e-5);
 }
 
+// The MoE block of `m` as the only layer, on the CPU backend.
+absl::Status RunMoe(ThreadPool& pool, const MoeWeights& m, const float* x, int64_t n, float* out) {
+  backend::cpu::CpuBackend cpu(pool);
+  const pipeline::MoeServices services;
+  pipeline::MoeScheduler scheduler(cpu, {&m}, &services);
+  MOERT_RETURN_IF_ERROR(scheduler.Init());
+  const size_t bytes = static_cast<size_t>(n * m.router.cols) * sizeof(float);
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Buffer> xb,
+                         cpu.WrapHost(const_cast<float*>(x), bytes));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Buffer> ob, cpu.WrapHost(out, bytes));
+  return scheduler.Run(0, xb, n, ob);
+}
+
 TEST(Blocks, SharedExpertIsAddedScaledBySigmoidOfItsGate) {
   // Two experts of width 1 over n_embd 2, one used; the router prefers expert 1.
   ThreadPool pool(2);
@@ -648,7 +664,7 @@ TEST(Blocks, SharedExpertIsAddedScaledBySigmoidOfItsGate) {
   m.shared_gate = MakeMatrix(1, 2, {0.5f, -1});
   const float x[2] = {1, 2};
   float out[2];
-  ASSERT_TRUE(MoeFfn(pool, m, x, 1, out).ok());
+  ASSERT_TRUE(RunMoe(pool, m, x, 1, out).ok());
   // Router logits [0, 3]: expert 1 with weight softmax = e^3 / (1 + e^3), not renormalised.
   const double p1 = std::exp(3.0) / (1 + std::exp(3.0));
   const double routed = SiluD(2) * 2;  // expert 1: silu(x1) * 2 x0
@@ -660,7 +676,7 @@ TEST(Blocks, SharedExpertIsAddedScaledBySigmoidOfItsGate) {
   // Renormalised, a single expert has weight 1.
   m.renormalize = true;
   m.shared = FfnWeights();
-  ASSERT_TRUE(MoeFfn(pool, m, x, 1, out).ok());
+  ASSERT_TRUE(RunMoe(pool, m, x, 1, out).ok());
   EXPECT_NEAR(out[0], 0, 1e-6);
   EXPECT_NEAR(out[1], -routed, 1e-5);
 }

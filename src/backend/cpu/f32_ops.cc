@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <utility>
 
 #include "backend/cpu/qmatmul.h"
+#include "core/fp16.h"
 
 namespace moert::backend::cpu {
 namespace {
@@ -197,10 +199,63 @@ void RmsNorm(const float* x, int64_t n_rows, int64_t width, const float* weight,
 }
 
 void AddBias(const std::vector<float>& b, int64_t n, float* y) {
-  const int64_t width = static_cast<int64_t>(b.size());
+  AddBias(b.data(), static_cast<int64_t>(b.size()), n, y);
+}
+
+void AddBias(const float* b, int64_t width, int64_t n, float* y) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < width; ++i) y[t * width + i] += b[i];
   }
+}
+
+void LayerNorm(const float* x, int64_t n_rows, int64_t width, const float* weight,
+               const float* bias, float eps, float* y) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * width;
+    float* yr = y + r * width;
+    double sum = 0;
+    for (int64_t i = 0; i < width; ++i) sum += static_cast<double>(xr[i]);
+    const float mean = static_cast<float>(sum / static_cast<double>(width));
+    double sum2 = 0;
+    for (int64_t i = 0; i < width; ++i) {
+      const float v = xr[i] - mean;
+      yr[i] = v;
+      sum2 += static_cast<double>(v * v);
+    }
+    const float variance = static_cast<float>(sum2 / static_cast<double>(width));
+    const float scale = 1.0f / std::sqrt(variance + eps);
+    for (int64_t i = 0; i < width; ++i) {
+      const float v = (yr[i] * scale) * weight[i];
+      yr[i] = bias != nullptr ? v + bias[i] : v;
+    }
+  }
+}
+
+void Softmax(const float* x, int64_t n_rows, int64_t width, float* y) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * width;
+    float* yr = y + r * width;
+    float max = xr[0];
+    for (int64_t i = 1; i < width; ++i) max = std::max(max, xr[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < width; ++i) {
+      yr[i] = std::exp(xr[i] - max);
+      sum += yr[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < width; ++i) yr[i] *= inv;
+  }
+}
+
+float Gelu(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  // ggml's table: its entry for half(x) is half(gelu(half(x))).
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  constexpr float kCoefA = 0.044715f;
+  const float h = core::Fp16ToFloat(core::FloatToFp16(x));
+  const float g = 0.5f * h * (1.0f + std::tanh(kSqrt2OverPi * h * (1.0f + kCoefA * h * h)));
+  return core::Fp16ToFloat(core::FloatToFp16(g));
 }
 
 void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int head_dim,
@@ -307,5 +362,32 @@ void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n,
   MatMul(pool, w.down, gate.data(), n, out);
 }
 
+
+void RouteToken(const float* router_logits, int n_expert, int n_used, bool renormalize,
+                int* experts, float* weights) {
+  std::vector<float> p(router_logits, router_logits + n_expert);
+  float max = router_logits[0];
+  for (int e = 1; e < n_expert; ++e) max = std::max(max, router_logits[e]);
+  double sum = 0;
+  for (float& v : p) {
+    v = std::exp(v - max);
+    sum += v;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (float& v : p) v *= inv;
+  std::vector<int> order(static_cast<size_t>(n_expert));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n_used, order.end(),
+                    [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float total = 0;
+  for (int i = 0; i < n_used; ++i) {
+    experts[i] = order[i];
+    weights[i] = p[order[i]];
+    total += weights[i];
+  }
+  if (renormalize) {
+    for (int i = 0; i < n_used; ++i) weights[i] /= total;
+  }
+}
 
 }  // namespace moert::backend::cpu

@@ -63,6 +63,22 @@ void RmsNorm(const float* x, int64_t n_rows, int64_t width, const float* weight,
 
 // y[t][i] += b[i] over n rows of b.size() values.
 void AddBias(const std::vector<float>& b, int64_t n, float* y);
+void AddBias(const float* b, int64_t width, int64_t n, float* y);
+
+// ggml's norm: y = (x - mean) / sqrt(var + eps) over each of n_rows rows of width
+// (mean and variance summed in double, as ggml does), then * weight and, when bias is
+// not null, + bias. y may be x.
+void LayerNorm(const float* x, int64_t n_rows, int64_t width, const float* weight,
+               const float* bias, float eps, float* y);
+
+// Softmax of each of n_rows rows of width: exp(x - max) / sum, the sum in double (as
+// the router and attention sum theirs). y may be x.
+void Softmax(const float* x, int64_t n_rows, int64_t width, float* y);
+
+// ggml's CPU GELU: the tanh approximation read from an fp16 table (the input rounded
+// to half, the output stored as half) for -10 < x < 10; 0 at or below -10, x at or
+// above 10.
+float Gelu(float x);
 
 struct RopeParams {
   format::RopeLayout layout = format::RopeLayout::kNormal;
@@ -96,6 +112,12 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
 // silu(x) = x / (1 + exp(-x)); sigmoid(x) = 1 / (1 + exp(-x)).
 float Silu(float x);
 float Sigmoid(float x);
+
+// Routing of one token: softmax over `router_logits`, the n_used most probable
+// experts (ties: the lower index first) in descending order of probability, and
+// their weights (the probabilities, divided by their sum when `renormalize`).
+void RouteToken(const float* router_logits, int n_expert, int n_used, bool renormalize,
+                int* experts, float* weights);
 
 // out: [n][n_embd] for x: [n][n_embd].
 void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n, float* out);

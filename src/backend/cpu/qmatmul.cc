@@ -1,6 +1,8 @@
 // The CPU operators over the integer microkernels (see qmatmul.h).
 #include "backend/cpu/qmatmul.h"
 
+#include "backend/expert_groups.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -119,6 +121,26 @@ bool CanFuse(const FfnView& w) {
          w.down.cols % MOERT_QK == 0 && w.gate.rows == w.up.rows && w.down.cols == w.gate.rows;
 }
 
+void CombineSlots(core::ThreadPool& pool, const float* y, const int* experts,
+                  const float* weights, int64_t n, int k, int64_t width, float* out) {
+  pool.ParallelFor(static_cast<size_t>(n), [&](size_t t) {
+    float* o = out + static_cast<int64_t>(t) * width;
+    bool first = true;
+    for (int s = 0; s < k; ++s) {
+      const int64_t pair = static_cast<int64_t>(t) * k + s;
+      if (experts[pair] < 0) continue;
+      const float* yp = y + pair * width;
+      if (weights == nullptr) {
+        std::copy(yp, yp + width, o);
+      } else if (std::exchange(first, false)) {
+        for (int64_t j = 0; j < width; ++j) o[j] = weights[pair] * yp[j];
+      } else {
+        for (int64_t j = 0; j < width; ++j) o[j] = o[j] + weights[pair] * yp[j];
+      }
+    }
+  });
+}
+
 void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const A8Matrix& x,
               int k, const int* experts, const float* weights,
               absl::FunctionRef<FfnView(int)> expert, int64_t n_embd, float* out) {
@@ -128,31 +150,13 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
   std::vector<int> expert_of(static_cast<size_t>(pairs), 0);
   if (experts != nullptr) std::copy(experts, experts + pairs, expert_of.begin());
 
-  // Group the pairs by expert: group g runs expert group_expert[g] over pair rows
-  // [group_first[g], group_first[g + 1]) of the gathered layout; row_pair maps a
-  // gathered row back to its (token, slot) pair t * k + s. Empty slots (expert -1)
-  // get no row.
-  std::vector<int64_t> row_pair;
-  std::vector<int> group_expert;
-  std::vector<int64_t> group_first;
-  {
-    std::vector<int64_t> order;
-    for (int64_t i = 0; i < pairs; ++i) {
-      if (expert_of[static_cast<size_t>(i)] >= 0) order.push_back(i);
-    }
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return expert_of[static_cast<size_t>(a)] < expert_of[static_cast<size_t>(b)];
-    });
-    row_pair = order;
-    for (size_t r = 0; r < order.size(); ++r) {
-      const int e = expert_of[static_cast<size_t>(order[r])];
-      if (group_expert.empty() || group_expert.back() != e) {
-        group_expert.push_back(e);
-        group_first.push_back(static_cast<int64_t>(r));
-      }
-    }
-    group_first.push_back(static_cast<int64_t>(order.size()));
-  }
+  // Group g runs expert groups.expert[g] over gathered rows [groups.first[g],
+  // groups.first[g + 1]); pair_of_row maps a gathered row back to its pair t * k + s.
+  const ExpertGroups groups = GroupByExpert(
+      expert_of, expert_of.empty() ? 0 : *std::max_element(expert_of.begin(), expert_of.end()) + 1);
+  const std::vector<int64_t>& row_pair = groups.pair_of_row;
+  const std::vector<int>& group_expert = groups.expert;
+  const std::vector<int64_t>& group_first = groups.first;
   const int64_t rows = static_cast<int64_t>(row_pair.size());
   const size_t n_groups = group_expert.size();
   std::vector<FfnView> views(n_groups);
@@ -254,22 +258,7 @@ void FusedFfn(core::ThreadPool& pool, const kernels::KernelConfig& config, const
       }
     });
   }
-  pool.ParallelFor(static_cast<size_t>(n), [&](size_t t) {
-    float* o = out + static_cast<int64_t>(t) * n_embd;
-    bool first = true;
-    for (int s = 0; s < k; ++s) {
-      const int64_t pair = static_cast<int64_t>(t) * k + s;
-      if (expert_of[static_cast<size_t>(pair)] < 0) continue;
-      const float* y = pair_out.data() + pair * n_embd;
-      if (weights == nullptr) {
-        std::copy(y, y + n_embd, o);
-      } else if (std::exchange(first, false)) {
-        for (int64_t j = 0; j < n_embd; ++j) o[j] = weights[pair] * y[j];
-      } else {
-        for (int64_t j = 0; j < n_embd; ++j) o[j] = o[j] + weights[pair] * y[j];
-      }
-    }
-  });
+  CombineSlots(pool, pair_out.data(), expert_of.data(), weights, n, k, n_embd, out);
 }
 
 }  // namespace moert::backend::cpu

@@ -55,6 +55,13 @@ struct QMatMulJob {
 void QMatMuls(core::ThreadPool& pool, const kernels::KernelConfig& config,
               std::span<const QMatMulJob> jobs);
 
+// The weighted merge of expert outputs in slot order: out[t] = sum over slots s < k
+// with experts[t*k+s] >= 0, in order, of weights[t*k+s] * y[t*k+s] (the first term
+// written, the rest added); y is [n*k][width]. weights null: out[t] = y[t*k+s] for its
+// one expert (k = 1: a dense FFN).
+void CombineSlots(core::ThreadPool& pool, const float* y, const int* experts,
+                  const float* weights, int64_t n, int k, int64_t width, float* out);
+
 // Whether FusedFfn can run these weights: packed, n_embd and n_ff multiples of 32.
 bool CanFuse(const FfnView& w);
 
