@@ -35,13 +35,16 @@ __kernel void silu_mul(__global uchar* g_base, ulong g_off, __global const uchar
 // dst row r = src row idx[r], rows of `width` floats, for r < n.
 __kernel void gather_rows(__global const uchar* src_base, ulong src_off,
                           __global const uchar* idx_base, ulong idx_off, __global uchar* dst_base,
-                          ulong dst_off, int width, int n) {
+                          ulong dst_off, int width, int n, int src_rows) {
   const int i = (int)get_global_id(0);
   const int r = (int)get_global_id(1);
   if (i >= width || r >= n) return;
   const int from = ((__global const int*)(idx_base + idx_off))[r];
+  // A row index outside the source gives a NaN row: the kernel never reads outside it.
   ((__global float*)(dst_base + dst_off))[(size_t)r * width + i] =
-      ((__global const float*)(src_base + src_off))[(size_t)from * width + i];
+      from >= 0 && from < src_rows
+          ? ((__global const float*)(src_base + src_off))[(size_t)from * width + i]
+          : NAN;
 }
 
 // out[t] = sum over slots s < k with experts[t*k+s] >= 0, in slot order, of

@@ -20,8 +20,8 @@
 // not started: the model then cancels it when the layer routes elsewhere), never a
 // different output: the experts computed are the ones the router chose.
 //
-// The other half of the pipeline is in the model's MoE layer (model/layers.cc,
-// PooledExperts): with prefetch on, a layer's misses all start loading at once
+// The other half of the pipeline is the MoE scheduler (pipeline/moe_scheduler.h,
+// RunPooledHost): with prefetch on, a layer's misses all start loading at once
 // (ExpertCache::StartLoad, ahead of the prefetches) and each expert computes as soon as
 // its weights are in, while the ones after it still load.
 //

@@ -492,7 +492,8 @@ absl::Status GatherRows(Device& device, BufferRef src, int64_t src_rows, BufferR
   MOERT_RETURN_IF_ERROR(CheckRange(dst, static_cast<size_t>(n * width) * 4, "gather dst"));
   MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "gather_rows"));
   MOERT_RETURN_IF_ERROR(
-      SetArgs(kernel, src, idx, dst, static_cast<int>(width), static_cast<int>(n)));
+      SetArgs(kernel, src, idx, dst, static_cast<int>(width), static_cast<int>(n),
+              static_cast<int>(src_rows)));
   const size_t local[2] = {Pow2Group(device, 64), 1};
   const size_t global[2] = {static_cast<size_t>(width), static_cast<size_t>(n)};
   return Launch(device, kernel, "gather_rows", 2, global, local);

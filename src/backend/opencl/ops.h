@@ -154,7 +154,8 @@ absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_
 // g[i] = silu(g[i]) * u[i] for i < count.
 absl::Status SiluMul(Device& device, BufferRef g, BufferRef u, int64_t count);
 
-// dst row r = src row idx[r] (int32 idx on the device, each < src_rows) for r < n.
+// dst row r = src row idx[r] (int32 idx on the device, each < src_rows) for r < n; an
+// index outside [0, src_rows) gives a NaN row (the kernel never reads outside src).
 absl::Status GatherRows(Device& device, BufferRef src, int64_t src_rows, BufferRef idx,
                         int64_t n, int64_t width, BufferRef dst);
 
