@@ -48,17 +48,12 @@ LayerGraph::LayerGraph(backend::Backend& backend, ModelWeights weights,
       options_(options),
       moe_(backend, MoeLayers(weights), services, host != nullptr ? &host->moe_ : nullptr,
            options.placement),
-      scratch_(kSlotCount) {}
+      scratch_(backend, kSlotCount) {}
 
 LayerGraph::~LayerGraph() = default;
 
 absl::StatusOr<TensorRef> LayerGraph::Scratch(int slot, size_t bytes) {
-  std::unique_ptr<backend::Buffer>& b = scratch_[static_cast<size_t>(slot)];
-  if (b == nullptr || b->size() < bytes) {
-    b.reset();
-    MOERT_ASSIGN_OR_RETURN(b, b_.Allocate(std::max<size_t>(bytes, 256)));
-  }
-  return TensorRef(b);
+  return scratch_.Get(slot, bytes);
 }
 
 absl::Status LayerGraph::Init() {

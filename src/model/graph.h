@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/device_kv.h"
 #include "backend/matrix.h"
+#include "backend/scratch.h"
 #include "format/arch.h"
 #include "format/model_spec.h"
 #include "pipeline/moe_scheduler.h"
@@ -124,7 +125,7 @@ class LayerGraph {
   std::unique_ptr<backend::Weight> lm_head_;
   std::unique_ptr<backend::DeviceKv> device_kv_;  // a device backend's copy of the cache
   const SequenceKv* kv_ = nullptr;                // during Forward
-  std::vector<std::unique_ptr<backend::Buffer>> scratch_;
+  backend::ScratchBuffers scratch_;
   std::vector<float> staging_;  // embeddings on their way to a device
   uint64_t weight_bytes_ = 0;
 };

@@ -102,17 +102,12 @@ MoeScheduler::MoeScheduler(Backend& backend, std::vector<const MoeWeights*> laye
       services_(services),
       host_(host),
       placement_(placement),
-      scratch_(kSlotCount) {}
+      scratch_(backend, kSlotCount) {}
 
 MoeScheduler::~MoeScheduler() = default;
 
 absl::StatusOr<TensorRef> MoeScheduler::Scratch(int slot, size_t bytes) {
-  std::unique_ptr<backend::Buffer>& b = scratch_[static_cast<size_t>(slot)];
-  if (b == nullptr || b->size() < bytes) {
-    b.reset();
-    MOERT_ASSIGN_OR_RETURN(b, b_.Allocate(std::max<size_t>(bytes, 256)));
-  }
-  return TensorRef(b);
+  return scratch_.Get(slot, bytes);
 }
 
 absl::Status MoeScheduler::Init() {

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "backend/backend.h"
 #include "backend/matrix.h"
+#include "backend/scratch.h"
 #include "experts/expert_cache.h"
 #include "pipeline/prefetcher.h"
 #include "router/router.h"
@@ -175,7 +176,7 @@ class MoeScheduler {
   PooledPlacement placement_;
   std::vector<Layer> layers_;
   std::unique_ptr<Region> region_;
-  std::vector<std::unique_ptr<backend::Buffer>> scratch_;
+  backend::ScratchBuffers scratch_;
   PooledStats pooled_;
   uint64_t weight_bytes_ = 0;
 };

@@ -44,6 +44,7 @@
 #include "backend/matrix.h"
 #include "backend/packing.h"
 #include "backend/registry.h"
+#include "common/nmse.h"
 #include "core/fp16.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -100,17 +101,7 @@ absl::StatusOr<std::vector<T>> Get(Backend& b, TensorRef ref, size_t count) {
 
 // --- Comparisons.
 
-// sum (a - b)^2 / sum b^2 (0 when both are zero; NaN anywhere fails).
-double Nmse(const Floats& got, const Floats& want) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - static_cast<double>(want[i]);
-    err += d * d;
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  if (err == 0) return 0;
-  return ref == 0 ? INFINITY : err / ref;
-}
+using test_util::Nmse;  // NaN anywhere fails
 
 ::testing::AssertionResult NmseBelow(const Floats& got, const Floats& want, double bound) {
   if (got.size() != want.size()) {

@@ -46,6 +46,7 @@
 #include "backend/opencl/program_cache.h"
 #include "backend/packing.h"
 #include "backend/cpu/qmatmul.h"
+#include "common/nmse.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
@@ -83,17 +84,10 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// sum (a - b)^2 / sum b^2 (0 when both are zero).
+// test_util::Nmse, with the sizes checked.
 double Nmse(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-    err += d * d;
-    ref += static_cast<double>(b[i]) * b[i];
-  }
-  if (err == 0) return 0;
-  return ref == 0 ? INFINITY : err / ref;
+  return test_util::Nmse(a, b);
 }
 
 PackedMatrix MakePacked(WeightFormat format, int64_t groups, int64_t rows, int64_t cols,

@@ -365,16 +365,8 @@ void SwiGluFfn(ThreadPool& pool, const FfnWeights& w, const float* x, int64_t n,
 
 void RouteToken(const float* router_logits, int n_expert, int n_used, bool renormalize,
                 int* experts, float* weights) {
-  std::vector<float> p(router_logits, router_logits + n_expert);
-  float max = router_logits[0];
-  for (int e = 1; e < n_expert; ++e) max = std::max(max, router_logits[e]);
-  double sum = 0;
-  for (float& v : p) {
-    v = std::exp(v - max);
-    sum += v;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (float& v : p) v *= inv;
+  std::vector<float> p(static_cast<size_t>(n_expert));
+  Softmax(router_logits, 1, n_expert, p.data());
   std::vector<int> order(static_cast<size_t>(n_expert));
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + n_used, order.end(),
