@@ -4,7 +4,8 @@
 //  - a failed batch: after `after_batches` batches that run normally, the next `times`
 //    batches (< 0: every one from then on) fail in layer `layer`, once that layer's
 //    attention is enqueued, at its residual add, with the Status a real enqueue
-//    returning the OpenCL error `cl_error` gives (a batch ends at its Finish);
+//    returning the OpenCL error `cl_error` gives (a batch ends at its Finish: a model
+//    without an expert pool, whose device MoE blocks also Finish per layer);
 //  - a stale zero-copy view: reads of a wrapped host range see its first byte flipped.
 #ifndef MOERT_TESTS_BACKEND_FAULT_BACKEND_H_
 #define MOERT_TESTS_BACKEND_FAULT_BACKEND_H_
