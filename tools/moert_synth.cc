@@ -1,20 +1,25 @@
 // moert-synth: writes a GGUF model with random weights in the exact shape of a real
 // MoE model (tiny, OLMoE-1B-7B, Qwen1.5-MoE-A2.7B, Mixtral-8x7B), for testing and
 // benchmarking at real sizes without downloading anything. The generator is the synth
-// library (synth.h), which moert-bench --synthetic shares.
+// library (synth.h), which moert-bench --synthetic shares. --preset writes a fixed
+// oracle model set instead (minicpmv26-oracle: minicpmv_oracle.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/strings.h"
 #include "format/ggml_types.h"
+#include "minicpmv_oracle.h"
 #include "synth.h"
 
 namespace {
@@ -27,6 +32,7 @@ using moert::synth::SynthTensor;
 
 constexpr char kUsage[] =
     "usage: moert-synth --shape NAME --type TYPE -o FILE [options]\n"
+    "       moert-synth --preset NAME --out-dir DIR [--vocab FILE]\n"
     "\n"
     "Writes a GGUF model with seeded random weights in the shape of a real MoE model.\n"
     "Matrices (embeddings, attention, experts, output) get TYPE; norms, biases and the\n"
@@ -40,7 +46,37 @@ constexpr char kUsage[] =
     "  --seed S         random seed (default 1)\n"
     "  --threads N      worker threads (default: all cores)\n"
     "  --dry-run        print the tensors and the file size, write nothing\n"
-    "  -h, --help       show this help\n";
+    "  -h, --help       show this help\n"
+    "\n"
+    "Presets write a fixed set of oracle files, byte for byte, into an existing DIR:\n"
+    "  --preset NAME    minicpmv26-oracle: mmproj-minicpmv26-tiny-f32.gguf and\n"
+    "                   llm-minicpmv26-tiny.gguf (../shared/mmproj/SPEC.md)\n"
+    "  --out-dir DIR    where to write them\n"
+    "  --vocab FILE     the oracle's vocab.json (default: " MOERT_DEFAULT_ORACLE_VOCAB ")\n";
+
+// A preset: a fixed set of files written into a directory; the paths written.
+struct Preset {
+  std::string_view name;
+  absl::StatusOr<std::vector<std::string>> (*write)(const std::string& out_dir,
+                                                    const std::string& vocab_path);
+};
+
+constexpr Preset kPresets[] = {
+    {moert::synth::kMinicpmv26OraclePreset, &moert::synth::WriteMinicpmv26Oracle},
+};
+
+const Preset* FindPreset(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string PresetNames() {
+  std::vector<std::string_view> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return moert::StrJoin(names, ", ");
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "moert-synth: error: %s\n", message.c_str());
@@ -85,6 +121,23 @@ int Run(const SynthOptions& options, const std::string& output, bool dry_run) {
   return 0;
 }
 
+int RunPreset(const Preset& preset, const std::string& out_dir, const std::string& vocab) {
+  const auto start = std::chrono::steady_clock::now();
+  auto paths = preset.write(out_dir, vocab);
+  if (!paths.ok()) return Fail(std::string(paths.status().message()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<std::string> written;
+  for (const std::string& path : *paths) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    written.push_back(StrCat(path, " (", ec ? 0 : size, " bytes)"));
+  }
+  std::fprintf(stderr, "moert-synth: wrote %s: %s in %.1f s\n",
+               moert::StrJoin(written, ", ").c_str(), std::string(preset.name).c_str(), seconds);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,6 +146,12 @@ int main(int argc, char** argv) {
   std::string output;
   bool dry_run = false;
   std::string type_name;
+  const Preset* preset = nullptr;
+  std::string out_dir;
+  std::string vocab = MOERT_DEFAULT_ORACLE_VOCAB;
+  bool vocab_given = false;
+  // The flags of a synthetic model, which a preset does not take.
+  std::vector<std::string_view> model_flags;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     std::string_view value;
@@ -104,7 +163,21 @@ int main(int argc, char** argv) {
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    } else if (arg == "--preset") {
+      if (!take()) return Fail("--preset needs a NAME (see --help)");
+      preset = FindPreset(value);
+      if (preset == nullptr) {
+        return Fail(StrCat("unknown preset '", value, "' (known: ", PresetNames(), ")"));
+      }
+    } else if (arg == "--out-dir") {
+      if (!take()) return Fail("--out-dir needs a DIR (see --help)");
+      out_dir = std::string(value);
+    } else if (arg == "--vocab") {
+      if (!take()) return Fail("--vocab needs a FILE (see --help)");
+      vocab = std::string(value);
+      vocab_given = true;
     } else if (arg == "--shape") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("--shape needs a NAME (see --help)");
       o.shape = moert::synth::FindShape(value);
       if (o.shape == nullptr) {
@@ -112,6 +185,7 @@ int main(int argc, char** argv) {
             StrCat("unknown shape '", value, "' (known: ", moert::synth::ShapeNames(), ")"));
       }
     } else if (arg == "--type") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("--type needs a TYPE (see --help)");
       type_name = std::string(value);
       std::optional<moert::format::GgmlType> type = moert::synth::FindMatrixType(value);
@@ -121,9 +195,11 @@ int main(int argc, char** argv) {
       }
       o.type = *type;
     } else if (arg == "-o" || arg == "--output") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("-o needs a FILE (see --help)");
       output = std::string(value);
     } else if (arg == "--layers") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("--layers needs a number (see --help)");
       std::optional<uint64_t> layers = ParseUint(value);
       if (!layers || *layers == 0 || *layers > 4096) {
@@ -131,11 +207,13 @@ int main(int argc, char** argv) {
       }
       o.n_layer = static_cast<uint32_t>(*layers);
     } else if (arg == "--seed") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("--seed needs a number (see --help)");
       std::optional<uint64_t> seed = ParseUint(value);
       if (!seed) return Fail(StrCat("--seed '", value, "' is not a number"));
       o.seed = *seed;
     } else if (arg == "--threads") {
+      model_flags.push_back(arg);
       if (!take()) return Fail("--threads needs a number (see --help)");
       std::optional<uint64_t> threads = ParseUint(value);
       if (!threads || *threads == 0 || *threads > 1024) {
@@ -143,11 +221,20 @@ int main(int argc, char** argv) {
       }
       o.threads = static_cast<unsigned>(*threads);
     } else if (arg == "--dry-run") {
+      model_flags.push_back(arg);
       dry_run = true;
     } else {
       return Fail(StrCat("unknown argument '", arg, "' (see --help)"));
     }
   }
+  if (preset != nullptr) {
+    if (!model_flags.empty()) {
+      return Fail(StrCat("--preset takes only --out-dir and --vocab, not ", model_flags[0]));
+    }
+    if (out_dir.empty()) return Fail("no output directory: give --out-dir DIR (see --help)");
+    return RunPreset(*preset, out_dir, vocab);
+  }
+  if (!out_dir.empty() || vocab_given) return Fail("--out-dir and --vocab need --preset NAME");
   if (o.shape == nullptr) return Fail("no shape: give --shape NAME (see --help)");
   if (type_name.empty()) return Fail("no type: give --type TYPE (see --help)");
   if (output.empty() && !dry_run) return Fail("no output: give -o FILE (see --help)");
