@@ -52,6 +52,8 @@ std::string_view OpName(Op op) {
       return "rope";
     case Op::kAttention:
       return "attention";
+    case Op::kFullAttention:
+      return "full_attention";
     case Op::kSoftmax:
       return "softmax";
     case Op::kSiluMul:

@@ -97,6 +97,7 @@ enum class Op {
   kLayerNorm,
   kRope,
   kAttention,   // causal GQA over a KV cache
+  kFullAttention,  // attention without a mask (a vision tower, a cross-attention)
   kSoftmax,
   kSiluMul,     // silu(g) * u, the SwiGLU gate
   kGelu,
@@ -111,6 +112,7 @@ enum class Op {
 };
 inline constexpr Op kAllOps[] = {
     Op::kMatMul,   Op::kRmsNorm, Op::kLayerNorm,  Op::kRope,       Op::kAttention,
+    Op::kFullAttention,
     Op::kSoftmax,  Op::kSiluMul, Op::kGelu,       Op::kAdd,        Op::kAddBias,
     Op::kTopK,     Op::kFusedMoe, Op::kGatherRows, Op::kMoeCombine, Op::kStoreHalf,
     Op::kGatedAdd};
@@ -234,6 +236,11 @@ class Backend {
   // dim); out: [n][n_head * head_dim_v].
   virtual absl::Status Attention(const AttentionArgs& shape, TensorRef q, int64_t n, int64_t pos0,
                                  TensorRef k_cache, TensorRef v_cache, TensorRef out) = 0;
+  // Attention without a mask: each of the n queries (q: [n][n_head * head_dim_k]) over
+  // all n_kv keys and values (k: [n_kv][n_head_kv * head_dim_k], v likewise); out:
+  // [n][n_head * head_dim_v]. shape.kv_half must be false.
+  virtual absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                     TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) = 0;
   // Softmax of each of n_rows rows of width; y may be x.
   virtual absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) = 0;
   // g[i] = silu(g[i]) * u[i].

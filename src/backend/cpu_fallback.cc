@@ -180,6 +180,23 @@ absl::Status CpuFallbackBackend::Attention(const AttentionArgs& shape, TensorRef
   return s.Flush();
 }
 
+absl::Status CpuFallbackBackend::FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                               TensorRef k, TensorRef v, int64_t n_kv,
+                                               TensorRef out) {
+  if (OnDevice(Op::kFullAttention)) return device_->FullAttention(shape, q, n, k, v, n_kv, out);
+  ++cpu_ops_;
+  Staging s(*device_, cpu_);
+  MOERT_ASSIGN_OR_RETURN(TensorRef hq, s.In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef hk,
+                         s.In(k, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_k) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef hv,
+                         s.In(v, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_v) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef ho,
+                         s.Out(out, static_cast<size_t>(n * shape.n_head * shape.head_dim_v) * 4));
+  MOERT_RETURN_IF_ERROR(cpu_.FullAttention(shape, hq, n, hk, hv, n_kv, ho));
+  return s.Flush();
+}
+
 absl::Status CpuFallbackBackend::Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) {
   if (OnDevice(Op::kSoftmax)) return device_->Softmax(x, n_rows, width, y);
   ++cpu_ops_;

@@ -311,13 +311,15 @@ struct AttentionCase {
   }
 };
 
-Naive NaiveAttention(const AttentionCase& c, const Floats& q, const Floats& k, const Floats& v) {
+// Causal over the cache, or (full_kv > 0) every query over full_kv keys, no mask.
+Naive NaiveAttention(const AttentionCase& c, const Floats& q, const Floats& k, const Floats& v,
+                     int64_t full_kv = 0) {
   Naive out;
   const int group = c.n_head / c.n_head_kv;
   for (int64_t t = 0; t < c.n; ++t) {
     for (int h = 0; h < c.n_head; ++h) {
       const int g = h / group;
-      const int64_t n_kv = c.pos0 + t + 1;
+      const int64_t n_kv = full_kv > 0 ? full_kv : c.pos0 + t + 1;
       std::vector<double> p(static_cast<size_t>(n_kv));
       for (int64_t j = 0; j < n_kv; ++j) {
         double s = 0;
@@ -539,6 +541,20 @@ absl::StatusOr<Floats> RunAttention(Backend& b, const AttentionCase& c, const Fl
   MOERT_RETURN_IF_ERROR(b.Attention(args, TensorRef(qb, kAt), c.n, c.pos0,
                                     kv_half ? TensorRef(k16) : TensorRef(kb),
                                     kv_half ? TensorRef(v16) : TensorRef(vb), out));
+  return Get<float>(b, out, count);
+}
+
+// Attention without a mask: c.n queries over n_kv keys.
+absl::StatusOr<Floats> RunFullAttention(Backend& b, const AttentionCase& c, const Floats& q,
+                                        const Floats& k, const Floats& v, int64_t n_kv) {
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> qb, Put(b, q, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> kb, Put(b, k, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> vb, Put(b, v));
+  const size_t count = static_cast<size_t>(c.n * c.n_head * c.dv);
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> out, Output(b, count));
+  const AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, c.scale(), false};
+  MOERT_RETURN_IF_ERROR(
+      b.FullAttention(args, TensorRef(qb, kAt), c.n, TensorRef(kb, kAt), vb, n_kv, out));
   return Get<float>(b, out, count);
 }
 
@@ -1062,6 +1078,36 @@ TEST_P(BackendConformanceTest, Attention) {
   }
 }
 
+// Attention without a mask: a vision tower's self-attention (as many keys as queries)
+// and a resampler's cross-attention (few queries over many keys).
+TEST_P(BackendConformanceTest, FullAttention) {
+  SKIP_UNLESS_SUPPORTED(Op::kFullAttention, WeightType::kF32);
+  struct FullCase {
+    AttentionCase c;
+    int64_t n_kv;
+  };
+  const FullCase cases[] = {
+      {{2, 2, 32, 32, 0, 10}, 10},    // ViT self-attention
+      {{4, 4, 16, 16, 0, 3}, 13},     // cross-attention: 3 queries over 13 keys
+      {{4, 2, 16, 24, 0, 5}, 7},      // grouped heads, dk != dv
+      {{2, 2, 128, 128, 0, 4}, 300},  // many keys
+      {{1, 1, 8, 8, 0, 1}, 1},        // one key
+  };
+  for (const FullCase& f : cases) {
+    const AttentionCase& c = f.c;
+    const std::string what = StrCat(On(), "full ", c.Describe(), " over ", f.n_kv, " keys");
+    const Floats q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 4);
+    const Floats k = RandomFloats(static_cast<size_t>(f.n_kv * c.n_head_kv * c.dk), 5);
+    const Floats v = RandomFloats(static_cast<size_t>(f.n_kv * c.n_head_kv * c.dv), 6);
+    absl::StatusOr<Floats> got = RunFullAttention(backend(), c, q, k, v, f.n_kv);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    absl::StatusOr<Floats> want = RunFullAttention(reference(), c, q, k, v, f.n_kv);
+    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+    EXPECT_TRUE(NmseBelow(*got, *want, 1e-10)) << what;
+    EXPECT_TRUE(CloseToNaive(*got, NaiveAttention(c, q, k, v, f.n_kv))) << what;
+  }
+}
+
 // Half KV caches written by the backend's own StoreHalf; the CPU reference attends
 // over the same halves widened back to floats.
 TEST_P(BackendConformanceTest, AttentionOverHalfCaches) {
@@ -1567,6 +1613,11 @@ absl::Status BackendConformanceTest::CallOnce(Op op, WeightType type) {
     case Op::kAttention: {
       const AttentionArgs a{2, 1, 8, 8, 0.35f, false};
       s = b.Attention(a, xb, 2, 1, yb, yb, out);  // q 2x16, caches 3 rows of 8
+      break;
+    }
+    case Op::kFullAttention: {
+      const AttentionArgs a{2, 1, 8, 8, 0.35f, false};
+      s = b.FullAttention(a, xb, 2, yb, yb, 3, out);  // q 2x16, keys 3 rows of 8
       break;
     }
     case Op::kSoftmax:

@@ -84,6 +84,11 @@ class FakeBackend final : public Backend {
     if (!Count(Op::kAttention)) return Unsupported(Op::kAttention);
     return cpu_.Attention(shape, Inner(q), n, pos0, Inner(k_cache), Inner(v_cache), Inner(out));
   }
+  absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
+                             TensorRef v, int64_t n_kv, TensorRef out) override {
+    if (!Count(Op::kFullAttention)) return Unsupported(Op::kFullAttention);
+    return cpu_.FullAttention(shape, Inner(q), n, Inner(k), Inner(v), n_kv, Inner(out));
+  }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     if (!Count(Op::kSoftmax)) return Unsupported(Op::kSoftmax);
     return cpu_.Softmax(Inner(x), n_rows, width, Inner(y));

@@ -102,6 +102,10 @@ class FaultBackend final : public Backend {
                          TensorRef k_cache, TensorRef v_cache, TensorRef out) override {
     return inner_->Attention(shape, q, n, pos0, k_cache, v_cache, out);
   }
+  absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
+                             TensorRef v, int64_t n_kv, TensorRef out) override {
+    return inner_->FullAttention(shape, q, n, k, v, n_kv, out);
+  }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     return inner_->Softmax(x, n_rows, width, y);
   }

@@ -225,31 +225,46 @@ absl::Status CpuBackend::Rope(const RopeArgs& rope, int64_t pos0, int64_t n, int
 absl::Status CpuBackend::Attention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                    int64_t pos0, TensorRef k_cache, TensorRef v_cache,
                                    TensorRef out) {
-  if (shape.kv_half) return Unsupported(Op::kAttention);
-  if (shape.n_head < 1 || shape.n_head_kv < 1 || shape.n_head % shape.n_head_kv != 0 ||
-      shape.head_dim_k < 1 || shape.head_dim_v < 1 || pos0 < 0 || n < 0) {
-    return absl::InvalidArgumentError(StrCat("CPU backend attention: ", shape.n_head, " heads over ",
-                                             shape.n_head_kv, " KV heads of ", shape.head_dim_k,
-                                             "/", shape.head_dim_v));
+  if (pos0 < 0) return absl::InvalidArgumentError(StrCat("CPU backend attention: position ", pos0));
+  return RunAttention(shape, q, n, pos0, k_cache, v_cache, pos0 + n, /*causal=*/true, out);
+}
+
+absl::Status CpuBackend::FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                       TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) {
+  if (n_kv < 1) {
+    return absl::InvalidArgumentError(StrCat("CPU backend full_attention: ", n_kv, " keys"));
   }
-  const int64_t kv = pos0 + n;
+  return RunAttention(shape, q, n, 0, k, v, n_kv, /*causal=*/false, out);
+}
+
+absl::Status CpuBackend::RunAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                      int64_t pos0, TensorRef k_cache, TensorRef v_cache,
+                                      int64_t kv, bool causal, TensorRef out) {
+  const Op op = causal ? Op::kAttention : Op::kFullAttention;
+  const std::string_view name = OpName(op);
+  if (shape.kv_half) return Unsupported(op);
+  if (shape.n_head < 1 || shape.n_head_kv < 1 || shape.n_head % shape.n_head_kv != 0 ||
+      shape.head_dim_k < 1 || shape.head_dim_v < 1 || n < 0) {
+    return absl::InvalidArgumentError(StrCat("CPU backend ", name, ": ", shape.n_head,
+                                             " heads over ", shape.n_head_kv, " KV heads of ",
+                                             shape.head_dim_k, "/", shape.head_dim_v));
+  }
   MOERT_ASSIGN_OR_RETURN(const float* qp,
-                         At<const float>(q, n * shape.n_head * shape.head_dim_k, "attention", "q"));
+                         At<const float>(q, n * shape.n_head * shape.head_dim_k, name, "q"));
   MOERT_ASSIGN_OR_RETURN(
-      const float* kp,
-      At<const float>(k_cache, kv * shape.n_head_kv * shape.head_dim_k, "attention", "k_cache"));
+      const float* kp, At<const float>(k_cache, kv * shape.n_head_kv * shape.head_dim_k, name, "k"));
   MOERT_ASSIGN_OR_RETURN(
-      const float* vp,
-      At<const float>(v_cache, kv * shape.n_head_kv * shape.head_dim_v, "attention", "v_cache"));
-  MOERT_ASSIGN_OR_RETURN(float* op,
-                         At<float>(out, n * shape.n_head * shape.head_dim_v, "attention", "out"));
+      const float* vp, At<const float>(v_cache, kv * shape.n_head_kv * shape.head_dim_v, name, "v"));
+  MOERT_ASSIGN_OR_RETURN(float* op_out,
+                         At<float>(out, n * shape.n_head * shape.head_dim_v, name, "out"));
   AttentionShape s;
   s.n_head = shape.n_head;
   s.n_head_kv = shape.n_head_kv;
   s.head_dim_k = shape.head_dim_k;
   s.head_dim_v = shape.head_dim_v;
   s.scale = shape.scale;
-  cpu::Attention(*pool_, s, qp, n, pos0, kp, vp, op);
+  s.n_kv = causal ? 0 : kv;
+  cpu::Attention(*pool_, s, qp, n, pos0, kp, vp, op_out);
   return absl::OkStatus();
 }
 

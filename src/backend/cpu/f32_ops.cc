@@ -299,7 +299,8 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     const int64_t t = static_cast<int64_t>(task) / shape.n_head;
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
     const int g = h / group;
-    const int64_t n_kv = pos0 + t + 1;  // causal: positions 0 .. pos0 + t
+    // Causal: positions 0 .. pos0 + t; unmasked: every key.
+    const int64_t n_kv = shape.n_kv > 0 ? shape.n_kv : pos0 + t + 1;
     const float* qh = q + (t * shape.n_head + h) * dk;
     std::vector<float> p(static_cast<size_t>(n_kv));
     // Scores against keys k_row apart, four at a time like a matmul's rows.

@@ -100,6 +100,9 @@ struct AttentionShape {
   int head_dim_k = 0;
   int head_dim_v = 0;
   float scale = 1;  // applied to q.k before the softmax
+  // > 0: no mask, every query attends to keys 0 .. n_kv - 1 (a vision tower, a
+  // cross-attention); 0: causal.
+  int64_t n_kv = 0;
 };
 
 // Causal grouped-query attention for the n queries at positions pos0 .. pos0 + n - 1

@@ -87,6 +87,7 @@ class OpenClBackend final : public Backend {
         return type == WeightType::kW4 || type == WeightType::kW8;
       case Op::kLayerNorm:
       case Op::kGelu:
+      case Op::kFullAttention:
       case Op::kGatedAdd:
         return false;  // no kernels yet: the CPU runs them
       default:
@@ -157,6 +158,10 @@ class OpenClBackend final : public Backend {
     MOERT_ASSIGN_OR_RETURN(BufferRef vr, Ref(v_cache, "attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef outr, Ref(out, "attention"));
     return opencl::Attention(*device_, args, qr, n, pos0, kr, vr, outr, scratch_);
+  }
+  absl::Status FullAttention(const backend::AttentionArgs&, TensorRef, int64_t, TensorRef,
+                             TensorRef, int64_t, TensorRef) override {
+    return Unsupported(Op::kFullAttention);
   }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     MOERT_ASSIGN_OR_RETURN(BufferRef xr, Ref(x, "softmax"));
