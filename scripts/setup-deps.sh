@@ -13,7 +13,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   clang lld libclang-rt-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
+  libxnnpack-dev libpthreadpool-dev libcpuinfo-dev libstb-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
 )
 want_arm64=0

@@ -1,0 +1,210 @@
+// The image encoder against llama.cpp on the MiniCPM-V 2.6 oracle (../shared/mmproj):
+// the mmproj is rebuilt here from SPEC.md (moert-synth's generator), each of the three
+// test images is decoded and preprocessed, every slice is encoded on the CPU backend,
+// and each slice's embedding matches reference.txt's figures (its sum and sum of
+// squares, its first 16 values, tokens 1 and 63) within 1e-4 of its largest |value|.
+// Slow (a 330 MB mmproj, 3584-wide resampler matmuls): the x86 step only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "format/gguf.h"
+#include "minicpmv_oracle.h"
+#include "vision/encoder.h"
+#include "vision/image.h"
+#include "vision/mmproj.h"
+#include "vision/preprocess.h"
+
+namespace moert::vision {
+namespace {
+
+const std::string kDir = std::string(MOERT_SHARED_DIR) + "/mmproj/";
+
+// reference.txt's figures of one slice's embedding.
+struct SliceRef {
+  double sum = 0, sumsq = 0;
+  std::vector<float> first16, tok1, tok63;
+};
+
+std::vector<float> Floats(const std::string& list) {
+  std::vector<float> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::stof(item));
+  return out;
+}
+
+// The value after `key=` in `line`, up to the next space.
+std::string Field(const std::string& line, const std::string& key) {
+  const size_t at = line.find(key + "=");
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size() + 1;
+  return line.substr(from, line.find(' ', from) - from);
+}
+
+// image name -> slice figures, for the f32 mmproj's runs.
+std::map<std::string, std::vector<SliceRef>> ReadReference() {
+  std::map<std::string, std::vector<SliceRef>> out;
+  std::ifstream in(kDir + "reference.txt");
+  std::string line, image;
+  while (std::getline(in, line)) {
+    if (line.rfind("## image=", 0) == 0) {
+      image = line.find("mmproj-minicpmv26-tiny-f32.gguf") != std::string::npos
+                  ? line.substr(9, line.find(' ', 9) - 9)
+                  : "";
+      continue;
+    }
+    if (image.empty() || line.rfind("slice ", 0) != 0 || line.find(" embd ") == std::string::npos) {
+      continue;
+    }
+    const size_t index = static_cast<size_t>(std::stoi(line.substr(6)));
+    std::vector<SliceRef>& slices = out[image];
+    if (slices.size() <= index) slices.resize(index + 1);
+    SliceRef& s = slices[index];
+    if (line.find("sumsq=") != std::string::npos) {
+      s.sum = std::stod(Field(line, "sum"));
+      s.sumsq = std::stod(Field(line, "sumsq"));
+      s.first16 = Floats(Field(line, "first16"));
+    } else {
+      s.tok1 = Floats(Field(line, "tok1[0:4]"));
+      s.tok63 = Floats(Field(line, "tok63[0:4]"));
+    }
+  }
+  return out;
+}
+
+class EncoderOracleSlowTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(::testing::TempDir() + "/moert-encoder-oracle");
+    std::filesystem::create_directories(*dir_);
+    auto written = synth::WriteMinicpmv26Oracle(*dir_, kDir + "vocab.json");
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto file = format::GgufFile::Open((*written)[0]);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto mmproj = LoadMmproj(**file);
+    ASSERT_TRUE(mmproj.ok()) << mmproj.status();
+    mmproj_ = new Mmproj(std::move(*mmproj));
+    std::filesystem::remove_all(*dir_);  // the weights are copied out
+  }
+  static void TearDownTestSuite() {
+    delete mmproj_;
+    delete dir_;
+    mmproj_ = nullptr;
+  }
+
+  static std::string* dir_;
+  static Mmproj* mmproj_;
+};
+
+std::string* EncoderOracleSlowTest::dir_ = nullptr;
+Mmproj* EncoderOracleSlowTest::mmproj_ = nullptr;
+
+TEST_F(EncoderOracleSlowTest, TheOracleLoads) {
+  ASSERT_NE(mmproj_, nullptr);
+  const MmprojHparams& h = mmproj_->hparams;
+  EXPECT_EQ(h.minicpmv_version, 3);
+  EXPECT_EQ(h.n_query, 64);
+  EXPECT_EQ(h.resampler_width, 3584);
+  EXPECT_EQ(h.n_embd, 64);
+  EXPECT_EQ(h.n_ff, 128);
+  EXPECT_EQ(h.n_head, 2);
+  EXPECT_EQ(h.n_layer, 2);
+  EXPECT_FLOAT_EQ(h.eps, 1e-6f);
+  EXPECT_EQ(mmproj_->patch_embd.cols, 3 * 14 * 14);
+  EXPECT_EQ(mmproj_->position_embd.rows, 4900);
+  EXPECT_EQ(mmproj_->layers[1].fc1.rows, 128);  // ffn_down is fc1: D to F
+  EXPECT_EQ(mmproj_->resampler.kv.rows, 3584);
+  // SPEC.md's worked example: v.patch_embd.weight element 0 (kx 0, ky 0, c 0, o 0).
+  EXPECT_EQ(mmproj_->patch_embd.data[0], -0.011717407f);
+}
+
+TEST_F(EncoderOracleSlowTest, EverySliceMatchesLlamaCpp) {
+  ASSERT_NE(mmproj_, nullptr);
+  const auto reference = ReadReference();
+  ASSERT_EQ(reference.size(), 3u) << "reference.txt's f32 runs";
+  backend::cpu::CpuBackend cpu(2);
+  auto encoder = VisionEncoder::Create(*mmproj_, cpu);
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  const MmprojHparams& h = mmproj_->hparams;
+  NormalizeParams norm{h.image_mean, h.image_std};
+  for (const auto& [name, slices] : reference) {
+    auto image = DecodeImageFile(kDir + name);
+    ASSERT_TRUE(image.ok()) << name << ": " << image.status();
+    auto pre = Preprocess(*image, norm);
+    ASSERT_TRUE(pre.ok()) << name << ": " << pre.status();
+    ASSERT_EQ(pre->slices.size(), slices.size()) << name;
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const std::string what = name + " slice " + std::to_string(i);
+      std::vector<float> e;
+      const absl::Status encoded = (*encoder)->EncodeSlice(pre->slices[i], &e);
+      ASSERT_TRUE(encoded.ok()) << what << ": " << encoded;
+      ASSERT_EQ(e.size(), size_t{64} * 3584) << what;
+      float max = 0;
+      double sum = 0, sumsq = 0;
+      for (float v : e) {
+        max = std::max(max, std::fabs(v));
+        sum += v;
+        sumsq += static_cast<double>(v) * v;
+      }
+      const double tol = 1e-4 * max;
+      const SliceRef& r = slices[i];
+      ASSERT_EQ(r.first16.size(), 16u) << what;
+      for (size_t j = 0; j < 16; ++j) EXPECT_NEAR(e[j], r.first16[j], tol) << what << " value " << j;
+      for (size_t j = 0; j < 4; ++j) {
+        EXPECT_NEAR(e[3584 + j], r.tok1[j], tol) << what << " token 1 value " << j;
+        EXPECT_NEAR(e[63 * 3584 + j], r.tok63[j], tol) << what << " token 63 value " << j;
+      }
+      // The sum of 229,376 values whose errors are independent: the bound times sqrt(n).
+      EXPECT_NEAR(sum, r.sum, tol * std::sqrt(static_cast<double>(e.size()))) << what;
+      EXPECT_NEAR(sumsq, r.sumsq, 1e-5 * r.sumsq) << what;
+      std::printf("%s: max |v| %.4f, sum %.6f (llama.cpp %.6f), sumsq %.4f (%.4f)\n", what.c_str(),
+                  max, sum, r.sum, sumsq, r.sumsq);
+    }
+  }
+}
+
+TEST_F(EncoderOracleSlowTest, ASliceThatIsNotWholePatchesIsRefused) {
+  ASSERT_NE(mmproj_, nullptr);
+  backend::cpu::CpuBackend cpu(1);
+  auto encoder = VisionEncoder::Create(*mmproj_, cpu);
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  Slice bad;
+  bad.width = 15;
+  bad.height = 14;
+  bad.patches_w = 1;
+  bad.patches_h = 1;
+  bad.pixels.assign(15 * 14 * 3, 0.0f);
+  std::vector<float> out;
+  EXPECT_EQ((*encoder)->EncodeSlice(bad, &out).code(), absl::StatusCode::kInvalidArgument);
+  Slice short_pixels;
+  short_pixels.width = short_pixels.height = 14;
+  short_pixels.patches_w = short_pixels.patches_h = 1;
+  short_pixels.pixels.assign(10, 0.0f);
+  EXPECT_EQ((*encoder)->EncodeSlice(short_pixels, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SincosPositions, AreTheColumnThenTheRowsSinesAndCosines) {
+  const std::vector<float> p = VisionEncoder::SincosPositions(3, 2, 16);  // quarter 4
+  ASSERT_EQ(p.size(), size_t{6 * 16});
+  // Token 5 = row 1, col 2; d = 1: omega = 10000^(-1/4) = 0.1.
+  const float* t = p.data() + 5 * 16;
+  EXPECT_NEAR(t[1], std::sin(2 * 0.1f), 1e-6);
+  EXPECT_NEAR(t[4 + 1], std::cos(2 * 0.1f), 1e-6);
+  EXPECT_NEAR(t[8 + 1], std::sin(1 * 0.1f), 1e-6);
+  EXPECT_NEAR(t[12 + 1], std::cos(1 * 0.1f), 1e-6);
+  EXPECT_EQ(p[0], 0.0f);  // token 0, d 0: sin(0)
+  EXPECT_EQ(p[4], 1.0f);  // cos(0)
+}
+
+}  // namespace
+}  // namespace moert::vision
