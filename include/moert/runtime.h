@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "moert/export.h"
@@ -139,6 +140,16 @@ struct RuntimeOptions {
   int prefetch_depth = 1;  // layers ahead, 1 .. the model's layers - 1
 
   Backend backend = Backend::kCpu;
+
+  // Modality-biased routing (mixture-of-experts models with a modality bias: the
+  // `moert.modality_bias` metadata, or a side file): each expert's gate logit gets
+  // lambda * bias, lambda = modality_lambda * the request's share of image tokens
+  // (text only: 0, routing exactly the model's own; image only: modality_lambda;
+  // docs/routing.md). 0: off. Finite.
+  float modality_lambda = 1.0f;
+  // A modality bias side file (n_layer x n_expert whitespace-separated numbers) used
+  // instead of the model's metadata; empty: the metadata's, when it has one.
+  std::string modality_bias_path;
 };
 
 struct ModelInfo {
@@ -159,11 +170,41 @@ struct ModelInfo {
   // With an expert pool on OpenCL, where the pooled experts compute: "device
   // (zero-copy)", "device (copied per load)" or "host: <why>"; empty otherwise.
   std::string pooled_experts;
+  // With a vision projector (MoERuntime::LoadMmproj): its file, its MiniCPM-V version
+  // (2: 2.5, 3: 2.6, 4: o 2.6) and the image positions one slice takes; empty / 0
+  // without.
+  std::string mmproj_path;
+  int minicpmv_version = 0;
+  int image_tokens_per_slice = 0;
+};
+
+// An image for a vision model: a PNG or JPEG file, the bytes of one, or decoded RGB8
+// pixels. Set exactly one of them; the factories do. Alpha is dropped; JPEG EXIF
+// orientation is applied.
+struct MOERT_API Image {
+  std::string path;             // a PNG or JPEG file
+  std::vector<uint8_t> encoded; // or PNG or JPEG bytes
+  std::vector<uint8_t> rgb;     // or RGB8 pixels, rows tightly packed (width * 3 bytes)
+  int width = 0;                // of `rgb`
+  int height = 0;
+
+  static Image FromFile(std::string path);
+  static Image FromEncoded(std::vector<uint8_t> bytes);
+  // Copies `height` rows of width * 3 bytes, row y starting at pixels + y * stride_bytes
+  // (0: width * 3).
+  static Image FromRgb8(const uint8_t* pixels, int width, int height, size_t stride_bytes = 0);
 };
 
 struct Message {
+  Message() = default;
+  Message(std::string r, std::string c, std::vector<Image> i = {})  // NOLINT: {role, text}
+      : role(std::move(r)), content(std::move(c)), images(std::move(i)) {}
+
   std::string role;  // "system", "user" or "assistant"
   std::string content;
+  // Images of a user message (a vision projector must be loaded): they come before
+  // the text, each as minicpmv-cli lays an image out (<image>..</image>, its slices).
+  std::vector<Image> images;
 };
 
 // What to do when a prompt, or a prompt plus what is being generated, does not fit
@@ -209,6 +250,18 @@ struct GenerateRequest {
   // model's own (tokenizer.chat_template), plain when it has none.
   std::string chat_template;
   ContextPolicy context_policy = ContextPolicy::kError;
+
+  // Images (a vision projector must be loaded: MoERuntime::LoadMmproj). With `prompt`,
+  // the request is one user turn laid out exactly as llama.cpp's minicpmv-cli builds it
+  // (the projector version's turn opener, each image's slices, the prompt, the
+  // assistant opener; no BOS); with `messages`, they join the last user message's
+  // images. Session::AddImage adds to these.
+  std::vector<Image> images;
+  // Visual-token pruning (docs/vision.md): each image slice keeps this fraction of its
+  // tokens, those whose resampler attention is most focused (lowest entropy), at
+  // least image_min_keep. 1: off. (0, 1].
+  float image_keep_ratio = 1.0f;
+  int image_min_keep = 1;
 };
 
 struct GenerateResult {
@@ -253,6 +306,13 @@ struct GenerationStats {
   // Prefetch (with RuntimeOptions::prefetch), over this call's tokens.
   double prefetch_precision = 0;  // predicted experts the router then chose / predicted
   double prefetch_recall = 0;     // chosen experts that had been predicted / chosen
+
+  // Images (with a vision projector), over this call's new images.
+  int images = 0;            // images encoded (a repeated image is encoded once)
+  int image_slices = 0;      // their slices
+  int image_tokens = 0;      // image positions in the prompt (after pruning)
+  double image_encode_ms = 0;  // decoding, preprocessing and encoding them
+  double image_share = 0;      // image positions / prompt positions: the routing lambda's share
 };
 
 // Called once per generated token with the text that became final with it (empty
@@ -275,6 +335,11 @@ class MOERT_API Session {
   // Appends a message to the history without generating (a system prompt, or
   // earlier turns). InvalidArgument for a role other than system, user, assistant.
   Status AddMessage(std::string role, std::string content);
+
+  // Adds an image to the next Generate or Chat call (as if in its request's images).
+  // The image is decoded now: a bad one is an error naming what is wrong, and nothing
+  // is added. FailedPrecondition when the model has no vision projector.
+  Status AddImage(const Image& image);
 
   // Generates a continuation, streaming it to `on_token` (may be empty) and, when
   // `result` is not null, collecting it there. On a bad request the session is left
@@ -312,10 +377,18 @@ class MOERT_API MoERuntime {
   MoERuntime(const MoERuntime&) = delete;
   MoERuntime& operator=(const MoERuntime&) = delete;
 
-  // Loads a GGUF model, replacing the loaded one only on success. Errors name the
-  // file and what is wrong (missing, not a GGUF, truncated, unsupported
-  // architecture, no tensors in it, ...).
+  // Loads a GGUF model, replacing the loaded one only on success (a vision projector
+  // loaded with the old one goes with it). Errors name the file and what is wrong
+  // (missing, not a GGUF, truncated, unsupported architecture, no tensors in it, ...).
   Status LoadModel(const std::string& path, const ProgressCallback& progress = {});
+
+  // Loads a vision projector for the loaded model: llama.cpp's clip GGUF of a
+  // MiniCPM-V model (llama.cpp's --mmproj), versions 2, 3 and 4, replacing one loaded
+  // before. The model's sessions take images from then on. FailedPrecondition without
+  // a model; InvalidArgument naming
+  // the key or tensor at fault, another projector type, or a projection width that is
+  // not the model's n_embd.
+  Status LoadMmproj(const std::string& path);
   bool model_loaded() const;
   // Empty (default values) when no model is loaded.
   ModelInfo model_info() const;

@@ -54,6 +54,8 @@ std::string_view OpName(Op op) {
       return "attention";
     case Op::kFullAttention:
       return "full_attention";
+    case Op::kAttentionEntropy:
+      return "attention_entropy";
     case Op::kSoftmax:
       return "softmax";
     case Op::kSiluMul:

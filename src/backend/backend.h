@@ -98,6 +98,7 @@ enum class Op {
   kRope,
   kAttention,   // causal GQA over a KV cache
   kFullAttention,  // attention without a mask (a vision tower, a cross-attention)
+  kAttentionEntropy,  // the entropy of FullAttention's distributions (token pruning)
   kSoftmax,
   kSiluMul,     // silu(g) * u, the SwiGLU gate
   kGelu,
@@ -112,7 +113,7 @@ enum class Op {
 };
 inline constexpr Op kAllOps[] = {
     Op::kMatMul,   Op::kRmsNorm, Op::kLayerNorm,  Op::kRope,       Op::kAttention,
-    Op::kFullAttention,
+    Op::kFullAttention, Op::kAttentionEntropy,
     Op::kSoftmax,  Op::kSiluMul, Op::kGelu,       Op::kAdd,        Op::kAddBias,
     Op::kTopK,     Op::kFusedMoe, Op::kGatherRows, Op::kMoeCombine, Op::kStoreHalf,
     Op::kGatedAdd};
@@ -241,6 +242,10 @@ class Backend {
   // [n][n_head * head_dim_v]. shape.kv_half must be false.
   virtual absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                      TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) = 0;
+  // The entropy in nats of each query's FullAttention distribution per head (the
+  // softmax of scale * q . k over the n_kv keys): entropy [n][n_head].
+  virtual absl::Status AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                        TensorRef k, int64_t n_kv, TensorRef entropy) = 0;
   // Softmax of each of n_rows rows of width; y may be x.
   virtual absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) = 0;
   // g[i] = silu(g[i]) * u[i].

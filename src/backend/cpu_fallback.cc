@@ -197,6 +197,22 @@ absl::Status CpuFallbackBackend::FullAttention(const AttentionArgs& shape, Tenso
   return s.Flush();
 }
 
+absl::Status CpuFallbackBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef q,
+                                                  int64_t n, TensorRef k, int64_t n_kv,
+                                                  TensorRef entropy) {
+  if (OnDevice(Op::kAttentionEntropy)) {
+    return device_->AttentionEntropy(shape, q, n, k, n_kv, entropy);
+  }
+  ++cpu_ops_;
+  Staging s(*device_, cpu_);
+  MOERT_ASSIGN_OR_RETURN(TensorRef hq, s.In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef hk,
+                         s.In(k, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_k) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef he, s.Out(entropy, static_cast<size_t>(n * shape.n_head) * 4));
+  MOERT_RETURN_IF_ERROR(cpu_.AttentionEntropy(shape, hq, n, hk, n_kv, he));
+  return s.Flush();
+}
+
 absl::Status CpuFallbackBackend::Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) {
   if (OnDevice(Op::kSoftmax)) return device_->Softmax(x, n_rows, width, y);
   ++cpu_ops_;

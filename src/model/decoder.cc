@@ -196,7 +196,9 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   if (options.ffn_input_observer || options.route_observer) {
     cpu_only = "FFN input and routing observers run on the CPU only";
   } else if (expert_cache_ == nullptr &&
-             (options.router.dynamic_k_p != 0 || options.router.modality_lambda != 0 ||
+             (options.router.dynamic_k_p != 0 ||
+              (options.router.modality_lambda != 0 && router_ != nullptr &&
+               router_->has_modality_bias()) ||
               options.resource_monitor.thermal_limit_c != 0)) {
     // Without an expert pool the device routes (its top-k): the router's adjustments
     // need the host.
@@ -524,7 +526,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(int n_ctx) con
   }
 }
 
-absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+absl::Status DecoderModel::Forward(const ForwardInput& input, KvCache* cache, LogitsFor which,
                                    std::vector<float>* logits) {
   if (cache == nullptr || logits == nullptr) {
     return absl::InvalidArgumentError("Forward needs a KV cache and a logits vector");
@@ -533,13 +535,35 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
   if (kv == nullptr || !kv->Fits(spec_)) {
     return absl::InvalidArgumentError("the KV cache was not made by this model");
   }
+  const std::span<const int32_t> tokens = input.tokens;
   if (tokens.empty()) return absl::InvalidArgumentError("Forward got an empty batch");
+  const int64_t e = spec_.n_embd;
+  int64_t rows = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= spec_.n_vocab) {
+    if (tokens[i] == kEmbeddingToken) {
+      ++rows;
+    } else if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= spec_.n_vocab) {
       return absl::InvalidArgumentError(StrCat("token id ", tokens[i], " at batch index ", i,
                                                " is outside the vocabulary [0, ", spec_.n_vocab,
                                                ")"));
     }
+  }
+  if (input.embeddings.size() != static_cast<size_t>(rows * e)) {
+    return absl::InvalidArgumentError(
+        StrCat("the batch has ", rows, " embedding positions (", rows * e,
+               " floats of width n_embd ", e, ") but ", input.embeddings.size(),
+               " embedding floats were given"));
+  }
+  for (size_t i = 0; i < input.embeddings.size(); ++i) {
+    if (!std::isfinite(input.embeddings[i])) {
+      return absl::InvalidArgumentError(StrCat("embedding row ", static_cast<int64_t>(i) / e,
+                                               " holds a non-finite value at column ",
+                                               static_cast<int64_t>(i) % e));
+    }
+  }
+  if (!(input.image_share >= 0 && input.image_share <= 1)) {
+    return absl::InvalidArgumentError(
+        StrCat("image_share must be in [0, 1], got ", input.image_share));
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t pos0 = kv->size();
@@ -549,8 +573,10 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
                                         " positions (", pos0, " already filled)"));
   }
 
+  if (router_ != nullptr) router_->SetImageShare(input.image_share);
   const int64_t n_vocab = spec_.n_vocab;
   logits->resize(static_cast<size_t>(which == LogitsFor::kAll ? n * n_vocab : n_vocab));
+  size_t row = 0;  // the next embedding row
   for (int64_t b = 0; b < n; b += kMaxMicroBatch) {
     const int64_t m = std::min(kMaxMicroBatch, n - b);
     int64_t first_row = m;  // no logits from this micro-batch
@@ -561,8 +587,14 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
     } else if (b + m == n) {
       first_row = m - 1;
     }
-    absl::Status status = ForwardBatch(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)),
-                                       pos0 + b, kv, first_row, dst);
+    BatchInput batch;
+    batch.tokens = tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m));
+    const size_t batch_rows = static_cast<size_t>(
+        std::count(batch.tokens.begin(), batch.tokens.end(), kEmbeddingToken));
+    batch.embeddings = input.embeddings.subspan(row * static_cast<size_t>(e),
+                                                batch_rows * static_cast<size_t>(e));
+    row += batch_rows;
+    absl::Status status = ForwardBatch(batch, pos0 + b, kv, first_row, dst);
     if (!status.ok()) {
       kv->set_size(static_cast<int>(pos0));  // the cache as it was
       return status;
@@ -572,7 +604,7 @@ absl::Status DecoderModel::Forward(std::span<const int32_t> tokens, KvCache* cac
   return absl::OkStatus();
 }
 
-absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t pos0,
+absl::Status DecoderModel::ForwardBatch(const BatchInput& input, int64_t pos0,
                                         DecoderKvCache* cache, int64_t first_logit_row,
                                         float* logits) {
   // One step of the pool's clocks per batch, on whichever backend runs it.
@@ -581,7 +613,7 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
   if (prefetcher_ != nullptr) prefetcher_->BeginStep();
   const SequenceKv kv = cache->Sequence();
   if (device_graph_ != nullptr) {
-    absl::Status status = device_graph_->Forward(tokens, pos0, kv, first_logit_row, logits);
+    absl::Status status = device_graph_->Forward(input, pos0, kv, first_logit_row, logits);
     if (status.ok()) {
       failures_.OnSuccess();
       return status;
@@ -605,7 +637,7 @@ absl::Status DecoderModel::ForwardBatch(std::span<const int32_t> tokens, int64_t
       device_.reset();
     }
   }
-  return cpu_graph_->Forward(tokens, pos0, kv, first_logit_row, logits);
+  return cpu_graph_->Forward(input, pos0, kv, first_logit_row, logits);
 }
 
 

@@ -54,7 +54,8 @@ class DecoderModel final : public Model {
   ~DecoderModel() override;
   const format::ModelSpec& spec() const override { return spec_; }
   absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int n_ctx) const override;
-  absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+  using Model::Forward;
+  absl::Status Forward(const ForwardInput& input, KvCache* cache, LogitsFor which,
                        std::vector<float>* logits) override;
   MemoryStats memory_stats() const override;
   BackendStats backend_stats() const override;
@@ -81,7 +82,7 @@ class DecoderModel final : public Model {
   // The CPU's graph, and the device's for ModelLoadOptions::backend (LoadWeights, last).
   absl::Status SetUpBackend(const ModelLoadOptions& options);
   // Runs one micro-batch; logits for its rows [first_logit_row, n) go to `logits`.
-  absl::Status ForwardBatch(std::span<const int32_t> tokens, int64_t pos0, DecoderKvCache* cache,
+  absl::Status ForwardBatch(const BatchInput& input, int64_t pos0, DecoderKvCache* cache,
                             int64_t first_logit_row, float* logits);
   ModelWeights Weights() const;
 

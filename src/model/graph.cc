@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "model/model.h"
 
 namespace moert::model {
 
@@ -135,18 +136,22 @@ TensorRef LayerGraph::Values(int il, int64_t pos) const {
                    static_cast<size_t>((int64_t{il} * kv_->host.capacity + pos) * width) * 4);
 }
 
-absl::Status LayerGraph::Forward(std::span<const int32_t> tokens, int64_t pos0,
-                                 const SequenceKv& kv, int64_t first_logit_row, float* logits) {
+absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const SequenceKv& kv,
+                                 int64_t first_logit_row, float* logits) {
   const format::ModelSpec& spec = *w_.spec;
+  const std::span<const int32_t> tokens = input.tokens;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t e = spec.n_embd;
   kv_ = &kv;
   if (device_kv_ != nullptr) MOERT_RETURN_IF_ERROR(device_kv_->Bind(kv.host, pos0));
-  // The token embeddings, looked up on the host.
+  // The token embeddings, looked up on the host, and the caller's rows.
   MOERT_ASSIGN_OR_RETURN(TensorRef x, Scratch(kX, static_cast<size_t>(n * e) * 4));
   staging_.resize(static_cast<size_t>(n * e));
+  const float* given = input.embeddings.data();
   for (int64_t t = 0; t < n; ++t) {
-    const float* row = w_.token_embd->row(tokens[static_cast<size_t>(t)]);
+    const int32_t token = tokens[static_cast<size_t>(t)];
+    const float* row = token == kEmbeddingToken ? given : w_.token_embd->row(token);
+    if (token == kEmbeddingToken) given += e;
     std::copy(row, row + e, staging_.begin() + t * e);
   }
   MOERT_RETURN_IF_ERROR(b_.Write(x, staging_.data(), staging_.size() * 4));

@@ -67,6 +67,13 @@ struct SequenceKv {
   backend::Buffer* values = nullptr;
 };
 
+// One micro-batch's input: token ids, kEmbeddingToken (model.h: -1) where the next
+// row of `embeddings` (n_embd floats) is the position's input.
+struct BatchInput {
+  std::span<const int32_t> tokens;
+  std::span<const float> embeddings;
+};
+
 struct GraphOptions {
   pipeline::PooledPlacement placement = pipeline::PooledPlacement::kDevice;
   bool kv_half = false;  // a device backend's KV cache in IEEE half
@@ -90,10 +97,11 @@ class LayerGraph {
   // when the backend has no kernels for one; ResourceExhausted when they do not fit.
   absl::Status Init();
 
-  // One micro-batch: `tokens` at positions pos0 .., their keys and values appended to
-  // `kv` (positions below pos0 read from it), logits of rows [first_logit_row, n) to
-  // `logits`. Fails only on a device error or a failed expert load.
-  absl::Status Forward(std::span<const int32_t> tokens, int64_t pos0, const SequenceKv& kv,
+  // One micro-batch (checked by the model): its positions pos0 .., their keys and
+  // values appended to `kv` (positions below pos0 read from it), logits of rows
+  // [first_logit_row, n) to `logits`. Fails only on a device error or a failed expert
+  // load.
+  absl::Status Forward(const BatchInput& input, int64_t pos0, const SequenceKv& kv,
                        int64_t first_logit_row, float* logits);
   // The host cache `kv_id` changed (another backend wrote it) at positions >= from.
   void Invalidate(uint64_t kv_id, int64_t from);

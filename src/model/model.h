@@ -217,6 +217,21 @@ enum class LogitsFor {
   kAll,   // every token's logits: n_tokens * n_vocab floats, token-major
 };
 
+// The id of a position whose input is an embedding row, not a token (an image's
+// tokens; llama.cpp's reference dumps print it as -1 too).
+inline constexpr int32_t kEmbeddingToken = -1;
+
+// One batch's input.
+struct ForwardInput {
+  std::span<const int32_t> tokens;  // one id per position; kEmbeddingToken: a row below
+  // The rows of the kEmbeddingToken positions, in order: that count * n_embd floats.
+  std::span<const float> embeddings;
+  // The share of image tokens in the request this batch belongs to, in [0, 1]: the
+  // router's modality lambda is RouterOptions::modality_lambda times it
+  // (docs/routing.md). 0 for text: routing is then exactly as without a bias.
+  float image_share = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -243,7 +258,16 @@ class Model {
   // one at a time. With an expert pool, a failed expert load (DataLoss naming the
   // layer, expert and file offset) fails the call the same way: the cache is unchanged
   // and the next call may succeed.
-  virtual absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+  absl::Status Forward(std::span<const int32_t> tokens, KvCache* cache, LogitsFor which,
+                       std::vector<float>* logits) {
+    return Forward(ForwardInput{tokens, {}, 0.0f}, cache, which, logits);
+  }
+  // The same with embeddings at some positions (an image's tokens): positions whose id
+  // is kEmbeddingToken take the next row of input.embeddings (n_embd floats) instead of
+  // a token's embedding. InvalidArgument when the rows do not match those positions or
+  // hold a non-finite value. input.image_share sets the modality bias's lambda for
+  // this batch (router/router.h).
+  virtual absl::Status Forward(const ForwardInput& input, KvCache* cache, LogitsFor which,
                                std::vector<float>* logits) = 0;
 
   // The budget and the expert pool (zeros without them).

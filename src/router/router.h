@@ -83,6 +83,7 @@ class Router {
   // Per-layer modality bias (n_expert values each); empty: none.
   // InvalidArgument when the size is not n_layer * n_expert.
   absl::Status SetModalityBias(std::vector<float> bias);
+  bool has_modality_bias() const { return !bias_.empty(); }
   // The share of image tokens in the current request, in [0, 1] (lambda follows it).
   void SetImageShare(float share) { image_share_ = share; }
 

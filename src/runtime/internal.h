@@ -14,7 +14,9 @@
 #include "model/chat_template.h"
 #include "model/model.h"
 #include "moert/runtime.h"
+#include "runtime/vision.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image_embedding.h"
 
 namespace moert::runtime {
 
@@ -41,6 +43,25 @@ struct LoadedModel {
   ModelInfo info;
   // Model::Forward keeps scratch state: sessions on different threads take turns.
   std::mutex forward_mutex;
+  // The vision projector (MoERuntime::LoadMmproj); null: text only. Read and replaced
+  // under forward_mutex.
+  std::shared_ptr<VisionProjector> vision;
+};
+
+// An encoded image a conversation holds (shared by every position that reads it).
+using EncodedImage = std::shared_ptr<const vision::ImageEmbedding>;
+
+// What an embedding position of the context holds: row `row` of an encoded image.
+struct EmbeddingRow {
+  EncodedImage image;
+  int row = 0;
+  bool operator==(const EmbeddingRow& o) const { return image == o.image && row == o.row; }
+};
+
+// A decoded image waiting to be encoded, with its pixels' digest.
+struct DecodedImage {
+  vision::RgbImage pixels;
+  uint64_t digest = 0;
 };
 
 // "chatml", "llama2", "llama3", "plain".
@@ -74,6 +95,7 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   Impl& operator=(const Impl&) = delete;
 
   Status AddMessage(std::string role, std::string content);
+  Status AddImage(const Image& image);
   Status Generate(const GenerateRequest& request, const TokenCallback& on_token,
                   GenerateResult* result);
   void Reset();
@@ -86,17 +108,30 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
  private:
   struct Prompt;  // the context a request asks for (session.cc)
 
-  absl::Status BuildPrompt(const GenerateRequest& request, Prompt* prompt) const;
+  absl::Status BuildPrompt(const GenerateRequest& request, Prompt* prompt);
   absl::Status FitPrompt(const GenerateRequest& request, Prompt* prompt) const;
-  // How many of `target`'s first tokens the cache holds and Prefill keeps (never all:
-  // the last token is evaluated for its logits).
-  size_t CachedPrefix(const std::vector<int32_t>& target) const;
+  // The token ids (kEmbeddingToken at image positions, their rows appended to *rows)
+  // of a chat history rendered with `kind`; images[i] are message i's.
+  absl::Status RenderChat(model::ChatTemplateKind kind, const std::vector<Message>& history,
+                          const std::vector<std::vector<runtime::EncodedImage>>& images,
+                          std::vector<int32_t>* tokens,
+                          std::vector<runtime::EmbeddingRow>* rows) const;
+  // Decoded images encoded for the request (the session's cache first).
+  absl::StatusOr<std::vector<runtime::EncodedImage>> EncodeImages(
+      const GenerateRequest& request, std::vector<runtime::DecodedImage> images);
+  // How many of `target`'s first positions the cache holds and Prefill keeps (never
+  // all: the last is evaluated for its logits). `rows`: target's embedding rows.
+  size_t CachedPrefix(const std::vector<int32_t>& target,
+                      const std::vector<runtime::EmbeddingRow>& rows) const;
   // Brings the KV cache to `target` (reusing the common prefix), leaving the last
   // token's logits in logits_.
-  absl::Status Prefill(const std::vector<int32_t>& target);
+  absl::Status Prefill(const std::vector<int32_t>& target,
+                       const std::vector<runtime::EmbeddingRow>& rows);
   // Drops the oldest half of the context (keeping BOS) and re-prefills the rest.
   absl::Status Slide();
-  absl::Status Forward(std::span<const int32_t> tokens);
+  // Runs positions; `rows` are the embedding rows of their kEmbeddingToken positions.
+  absl::Status Forward(std::span<const int32_t> tokens,
+                       std::span<const runtime::EmbeddingRow> rows = {});
   absl::Status RunGeneration(const GenerateRequest& request, const TokenCallback& on_token,
                              GenerateResult* result);
   // The model's memory figures, read between other sessions' steps.
@@ -109,7 +144,24 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   const bool stateless_;
   std::vector<Message> history_;
   // The conversation's tokens; the first cache_->size() of them are in the cache.
+  // kEmbeddingToken at image positions, whose rows are rows_, in order.
   std::vector<int32_t> tokens_;
+  std::vector<runtime::EmbeddingRow> rows_;
+  // Per history_ message, its encoded images.
+  std::vector<std::vector<runtime::EncodedImage>> history_images_;
+  // Images AddImage decoded for the next request.
+  std::vector<runtime::DecodedImage> pending_images_;
+  // The last images encoded (digest and pruning options -> embedding), so a repeated
+  // image is encoded once and its positions stay in the KV cache.
+  struct CachedImage {
+    uint64_t digest = 0;
+    float keep_ratio = 1;
+    int min_keep = 1;
+    runtime::EncodedImage image;
+  };
+  std::vector<CachedImage> image_cache_;
+  // The request's share of image positions (the routing lambda's; 0 for text).
+  float image_share_ = 0;
   std::vector<float> logits_;
   GenerationStats stats_;
   int64_t evaluated_tokens_ = 0;  // tokens run through the model by this Generate

@@ -123,6 +123,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.router.alpha = options.router_alpha;
   load_options.router.dynamic_k_p = options.dynamic_k;
   load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
+  load_options.router.modality_lambda = options.modality_lambda;
+  load_options.modality_bias_path = options.modality_bias_path;
   load_options.prefetch = options.prefetch;
   load_options.prefetch_depth = options.prefetch_depth;
   load_options.backend = options.backend == Backend::kOpenCl ? model::Backend::kOpenCl
@@ -236,6 +238,10 @@ Status CheckOptions(RuntimeOptions* options) {
                   StrCat("thermal_limit_c must be >= 0 degrees C (0: none), got ",
                          options->thermal_limit_c));
   }
+  if (!std::isfinite(options->modality_lambda)) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("modality_lambda must be finite (0: off), got ", options->modality_lambda));
+  }
   if (options->prefetch_depth < 1) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("prefetch_depth must be >= 1 (layers ahead), got ", options->prefetch_depth));
@@ -283,6 +289,24 @@ Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& pr
   return Status();
 }
 
+Status MoERuntime::LoadMmproj(const std::string& path) {
+  if (impl_->model == nullptr) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "no model is loaded: call LoadModel before LoadMmproj");
+  }
+  auto vision = runtime::VisionProjector::Load(
+      path, static_cast<int64_t>(impl_->model->model->spec().n_embd), impl_->options.threads);
+  if (!vision.ok()) return runtime::FromAbsl(vision.status());
+  std::shared_ptr<runtime::VisionProjector> projector = std::move(*vision);
+  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
+  ModelInfo& info = impl_->model->info;
+  info.mmproj_path = path;
+  info.minicpmv_version = projector->hparams().minicpmv_version;
+  info.image_tokens_per_slice = projector->hparams().n_query;
+  impl_->model->vision = std::move(projector);
+  return Status();
+}
+
 void MoERuntime::SetTemperature(float celsius) {
   impl_->temperature = celsius;
   if (impl_->model == nullptr) return;
@@ -295,7 +319,9 @@ void MoERuntime::SetTemperature(float celsius) {
 bool MoERuntime::model_loaded() const { return impl_->model != nullptr; }
 
 ModelInfo MoERuntime::model_info() const {
-  return impl_->model != nullptr ? impl_->model->info : ModelInfo();
+  if (impl_->model == nullptr) return ModelInfo();
+  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
+  return impl_->model->info;
 }
 
 const RuntimeOptions& MoERuntime::options() const { return impl_->options; }

@@ -21,6 +21,7 @@
 #include "moert/runtime.h"
 #include "runtime/internal.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/prompt.h"
 
 namespace moert {
 namespace {
@@ -50,24 +51,163 @@ struct Session::Impl::Prompt {
   bool chat = false;
   model::ChatTemplateKind chat_template = model::ChatTemplateKind::kPlain;
   std::vector<Message> history;  // chat: the history the prompt renders
+  std::vector<std::vector<runtime::EncodedImage>> history_images;  // per history message
   std::vector<int32_t> tokens;   // everything the context should hold
+  std::vector<runtime::EmbeddingRow> rows;  // the rows of its kEmbeddingToken positions
 };
+
+namespace {
+
+// Marks where a message's images go in the rendered chat text: characters no
+// template writes and no user types (the image's pieces replace it).
+constexpr char kImageMark[] = "\x1e\x1fmoert-image\x1f\x1e";
+
+size_t CountEmbeddingPositions(std::span<const int32_t> tokens) {
+  return static_cast<size_t>(std::count(tokens.begin(), tokens.end(), model::kEmbeddingToken));
+}
+
+// The vision projector's pieces -> ids and rows.
+void AppendPieces(const tokenizer::Tokenizer& tokenizer,
+                  const std::vector<vision::PromptPiece>& pieces,
+                  const std::vector<runtime::EncodedImage>& images, std::vector<int32_t>* tokens,
+                  std::vector<runtime::EmbeddingRow>* rows) {
+  for (const vision::PromptPiece& piece : pieces) {
+    if (piece.is_text()) {
+      const std::vector<int32_t> ids =
+          tokenizer.Encode(piece.text, /*add_special=*/false, /*parse_special=*/true);
+      tokens->insert(tokens->end(), ids.begin(), ids.end());
+      continue;
+    }
+    const runtime::EncodedImage& image = images[static_cast<size_t>(piece.image)];
+    const int offset = image->slice_offset(piece.slice);
+    for (int r = 0; r < image->slice_rows(piece.slice); ++r) {
+      tokens->push_back(model::kEmbeddingToken);
+      rows->push_back({image, offset + r});
+    }
+  }
+}
+
+}  // namespace
 
 Status Session::Impl::AddMessage(std::string role, std::string content) {
   absl::Status status = CheckRole(role);
   if (!status.ok()) return runtime::FromAbsl(status);
-  history_.push_back({std::move(role), std::move(content)});
+  history_.push_back({std::move(role), std::move(content), {}});
+  history_images_.emplace_back();
+  return Status();
+}
+
+Status Session::Impl::AddImage(const Image& image) {
+  {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    if (model_->vision == nullptr) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "the model has no vision projector: load one first (MoERuntime::LoadMmproj, "
+                    "--mmproj)");
+    }
+  }
+  absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(image);
+  if (!pixels.ok()) return runtime::FromAbsl(pixels.status());
+  const uint64_t digest = runtime::PixelDigest(*pixels);
+  pending_images_.push_back({std::move(*pixels), digest});
   return Status();
 }
 
 void Session::Impl::Reset() {
   history_.clear();
+  history_images_.clear();
   tokens_.clear();
+  rows_.clear();
+  pending_images_.clear();
   cache_->Truncate(0);
   stats_ = GenerationStats();
 }
 
-absl::Status Session::Impl::BuildPrompt(const GenerateRequest& request, Prompt* prompt) const {
+absl::StatusOr<std::vector<runtime::EncodedImage>> Session::Impl::EncodeImages(
+    const GenerateRequest& request, std::vector<runtime::DecodedImage> images) {
+  std::vector<runtime::EncodedImage> out;
+  if (images.empty()) return out;
+  std::shared_ptr<runtime::VisionProjector> vision;
+  {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    vision = model_->vision;
+  }
+  if (vision == nullptr) {
+    return absl::FailedPreconditionError(
+        "the request has an image but the model has no vision projector: load one first "
+        "(MoERuntime::LoadMmproj, --mmproj)");
+  }
+  vision::EmbedOptions options;
+  options.keep_ratio = request.image_keep_ratio;
+  options.min_keep = request.image_min_keep;
+  MOERT_RETURN_IF_ERROR(vision::ValidateEmbedOptions(options));
+  for (runtime::DecodedImage& image : images) {
+    auto cached = std::find_if(image_cache_.begin(), image_cache_.end(), [&](const CachedImage& c) {
+      return c.digest == image.digest && c.keep_ratio == options.keep_ratio &&
+             c.min_keep == options.min_keep;
+    });
+    if (cached != image_cache_.end()) {
+      out.push_back(cached->image);
+      continue;
+    }
+    MOERT_ASSIGN_OR_RETURN(vision::ImageEmbedding embedding, vision->Embed(image.pixels, options));
+    ++stats_.images;
+    stats_.image_slices += embedding.layout.n_slices;
+    stats_.image_encode_ms += embedding.encode_ms;
+    auto encoded = std::make_shared<const vision::ImageEmbedding>(std::move(embedding));
+    constexpr size_t kCachedImages = 4;
+    if (image_cache_.size() == kCachedImages) image_cache_.erase(image_cache_.begin());
+    image_cache_.push_back({image.digest, options.keep_ratio, options.min_keep, encoded});
+    out.push_back(std::move(encoded));
+  }
+  return out;
+}
+
+absl::Status Session::Impl::RenderChat(
+    model::ChatTemplateKind kind, const std::vector<Message>& history,
+    const std::vector<std::vector<runtime::EncodedImage>>& images, std::vector<int32_t>* tokens,
+    std::vector<runtime::EmbeddingRow>* rows) const {
+  const tokenizer::Tokenizer& tokenizer = model_->tokenizer;
+  std::vector<model::ChatMessage> messages = ToChatMessages(history);
+  std::vector<runtime::EncodedImage> order;  // the images in the order of their marks
+  for (size_t i = 0; i < messages.size(); ++i) {
+    std::string marks;
+    for (const runtime::EncodedImage& image : images[i]) {
+      marks += kImageMark;
+      order.push_back(image);
+    }
+    messages[i].content = marks + messages[i].content;
+  }
+  MOERT_ASSIGN_OR_RETURN(std::string text, model::ApplyChatTemplate(kind, messages));
+  tokens->clear();
+  rows->clear();
+  if (order.empty()) {
+    *tokens = tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
+    return absl::OkStatus();
+  }
+  // The text between marks is tokenized piece by piece (BOS only before the first),
+  // each image as minicpmv-cli lays it out.
+  const std::string_view mark = kImageMark;
+  size_t start = 0;
+  for (size_t i = 0; i <= order.size(); ++i) {
+    const size_t at = i < order.size() ? text.find(mark, start) : text.size();
+    if (at == std::string::npos) {
+      return absl::InternalError("the chat template dropped an image's place in the prompt");
+    }
+    const std::vector<int32_t> ids = tokenizer.Encode(
+        std::string_view(text).substr(start, at - start), /*add_special=*/i == 0, true);
+    tokens->insert(tokens->end(), ids.begin(), ids.end());
+    if (i == order.size()) break;
+    std::vector<vision::PromptPiece> pieces;
+    vision::AppendImagePieces(0, order[i]->layout.n_slices, order[i]->layout.columns, "",
+                              &pieces);
+    AppendPieces(tokenizer, pieces, {order[i]}, tokens, rows);
+    start = at + mark.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Impl::BuildPrompt(const GenerateRequest& request, Prompt* prompt) {
   const tokenizer::Tokenizer& tokenizer = model_->tokenizer;
   prompt->chat_template = model_->chat_template;
   if (!request.chat_template.empty()) {
@@ -77,20 +217,91 @@ absl::Status Session::Impl::BuildPrompt(const GenerateRequest& request, Prompt* 
   if (!request.prompt.empty() && !request.messages.empty()) {
     return absl::InvalidArgumentError("a request has either a prompt or messages, not both");
   }
+  for (const Message& m : request.messages) MOERT_RETURN_IF_ERROR(CheckRole(m.role));
+  // Every image of the request decoded (the session's pending ones first), then encoded.
+  std::vector<runtime::DecodedImage> decoded = pending_images_;
+  for (size_t i = 0; i < request.images.size(); ++i) {
+    absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(request.images[i]);
+    if (!pixels.ok()) {
+      return absl::Status(pixels.status().code(),
+                          StrCat("image ", i, ": ", pixels.status().message()));
+    }
+    const uint64_t digest = runtime::PixelDigest(*pixels);
+    decoded.push_back({std::move(*pixels), digest});
+  }
+  const size_t request_images = decoded.size();
+  std::vector<size_t> message_images;  // request.messages[i]'s own images
+  for (const Message& m : request.messages) {
+    message_images.push_back(m.images.size());
+    for (size_t i = 0; i < m.images.size(); ++i) {
+      absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(m.images[i]);
+      if (!pixels.ok()) {
+        return absl::Status(pixels.status().code(), StrCat(m.role, " message image ", i, ": ",
+                                                           pixels.status().message()));
+      }
+      const uint64_t digest = runtime::PixelDigest(*pixels);
+      decoded.push_back({std::move(*pixels), digest});
+    }
+  }
+  const bool has_images = !decoded.empty();
+  if (request.messages.empty() && request.prompt.empty() && has_images) {
+    return absl::InvalidArgumentError("a request with images needs a prompt or messages");
+  }
+  MOERT_ASSIGN_OR_RETURN(std::vector<runtime::EncodedImage> encoded,
+                         EncodeImages(request, std::move(decoded)));
+
   if (!request.messages.empty()) {
     prompt->chat = true;
-    if (!stateless_) prompt->history = history_;
-    for (const Message& m : request.messages) {
-      MOERT_RETURN_IF_ERROR(CheckRole(m.role));
-      prompt->history.push_back(m);
+    if (!stateless_) {
+      prompt->history = history_;
+      prompt->history_images = history_images_;
     }
-    const std::vector<model::ChatMessage> messages = ToChatMessages(prompt->history);
-    MOERT_ASSIGN_OR_RETURN(std::string text,
-                           model::ApplyChatTemplate(prompt->chat_template, messages));
-    prompt->tokens = tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
+    // The request's (and AddImage's) images join the last user message's.
+    size_t last_user = request.messages.size();
+    for (size_t i = 0; i < request.messages.size(); ++i) {
+      if (request.messages[i].role == "user") last_user = i;
+    }
+    if (request_images > 0 && last_user == request.messages.size()) {
+      return absl::InvalidArgumentError("the request's images need a user message to go with");
+    }
+    size_t next = request_images;
+    for (size_t i = 0; i < request.messages.size(); ++i) {
+      const Message& m = request.messages[i];
+      std::vector<runtime::EncodedImage> images;
+      for (size_t j = 0; i == last_user && j < request_images; ++j) images.push_back(encoded[j]);
+      for (size_t j = 0; j < message_images[i]; ++j) images.push_back(encoded[next + j]);
+      next += message_images[i];
+      if (!images.empty() && m.role != "user") {
+        return absl::InvalidArgumentError(
+            StrCat("only user messages take images (a ", m.role, " message has one)"));
+      }
+      prompt->history.push_back(m);
+      prompt->history_images.push_back(std::move(images));
+    }
+    MOERT_RETURN_IF_ERROR(RenderChat(prompt->chat_template, prompt->history,
+                                     prompt->history_images, &prompt->tokens, &prompt->rows));
+  } else if (has_images) {
+    // minicpmv-cli's user turn, continuing what the session holds (no BOS).
+    if (!stateless_) {
+      prompt->tokens = tokens_;
+      prompt->rows = rows_;
+    }
+    std::vector<vision::ImageLayout> layouts;
+    for (const runtime::EncodedImage& image : encoded) layouts.push_back(image->layout);
+    int version = 0;
+    {
+      std::lock_guard<std::mutex> lock(model_->forward_mutex);
+      if (model_->vision != nullptr) version = model_->vision->hparams().minicpmv_version;
+    }
+    MOERT_ASSIGN_OR_RETURN(std::vector<vision::PromptPiece> pieces,
+                           vision::MinicpmvUserTurn(version, layouts, request.prompt));
+    AppendPieces(tokenizer, pieces, encoded, &prompt->tokens, &prompt->rows);
   } else {
     // Raw text continues what the session holds; BOS only at the very start.
-    if (!stateless_) prompt->tokens = tokens_;
+    if (!stateless_) {
+      prompt->tokens = tokens_;
+      prompt->rows = rows_;
+    }
     const bool first = prompt->tokens.empty();
     const std::vector<int32_t> added =
         tokenizer.Encode(request.prompt, /*add_special=*/first, /*parse_special=*/true);
@@ -125,32 +336,53 @@ absl::Status Session::Impl::FitPrompt(const GenerateRequest& request, Prompt* pr
     // Drop the oldest turns (a user message and what follows it up to the next user
     // message), keeping a leading system message and the newest message.
     std::vector<Message>& history = prompt->history;
+    auto& images = prompt->history_images;
     const size_t first = (!history.empty() && history[0].role == "system") ? 1 : 0;
-    while (size() > budget && history.size() > first + 1) {
+    const auto drop = [&] {
       history.erase(history.begin() + static_cast<std::ptrdiff_t>(first));
-      while (history.size() > first + 1 && history[first].role != "user") {
-        history.erase(history.begin() + static_cast<std::ptrdiff_t>(first));
-      }
-      const std::vector<model::ChatMessage> messages = ToChatMessages(history);
-      MOERT_ASSIGN_OR_RETURN(std::string text,
-                             model::ApplyChatTemplate(prompt->chat_template, messages));
-      prompt->tokens = model_->tokenizer.Encode(text, true, true);
+      images.erase(images.begin() + static_cast<std::ptrdiff_t>(first));
+    };
+    while (size() > budget && history.size() > first + 1) {
+      drop();
+      while (history.size() > first + 1 && history[first].role != "user") drop();
+      MOERT_RETURN_IF_ERROR(
+          RenderChat(prompt->chat_template, history, images, &prompt->tokens, &prompt->rows));
     }
     if (size() <= budget) return absl::OkStatus();
   }
   // Keep BOS and the tail.
   const tokenizer::TokenId bos = model_->tokenizer.vocab().bos();
   const int head = (bos != tokenizer::kNoToken && prompt->tokens[0] == bos) ? 1 : 0;
+  const size_t tail_start = prompt->tokens.size() - static_cast<size_t>(budget - head);
   std::vector<int32_t> kept(prompt->tokens.begin(), prompt->tokens.begin() + head);
-  kept.insert(kept.end(), prompt->tokens.end() - (budget - head), prompt->tokens.end());
+  kept.insert(kept.end(), prompt->tokens.begin() + static_cast<std::ptrdiff_t>(tail_start),
+              prompt->tokens.end());
+  const size_t dropped_rows = CountEmbeddingPositions(
+      std::span<const int32_t>(prompt->tokens).subspan(0, tail_start));
+  prompt->rows.erase(prompt->rows.begin(),
+                     prompt->rows.begin() + static_cast<std::ptrdiff_t>(dropped_rows));
   prompt->tokens = std::move(kept);
   return absl::OkStatus();
 }
 
-absl::Status Session::Impl::Forward(std::span<const int32_t> tokens) {
+absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
+                                    std::span<const runtime::EmbeddingRow> rows) {
+  model::ForwardInput input;
+  input.tokens = tokens;
+  input.image_share = image_share_;
+  std::vector<float> embeddings;
+  if (!rows.empty()) {
+    const size_t width = static_cast<size_t>(rows[0].image->width);
+    embeddings.reserve(rows.size() * width);
+    for (const runtime::EmbeddingRow& r : rows) {
+      const float* row = r.image->rows.data() + static_cast<size_t>(r.row) * width;
+      embeddings.insert(embeddings.end(), row, row + width);
+    }
+    input.embeddings = embeddings;
+  }
   std::lock_guard<std::mutex> lock(model_->forward_mutex);
   evaluated_tokens_ += static_cast<int64_t>(tokens.size());
-  return model_->model->Forward(tokens, cache_.get(), model::LogitsFor::kLast, &logits_);
+  return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
 }
 
 Session::Impl::~Impl() {
@@ -169,10 +401,16 @@ router::RouterStats Session::Impl::RouterStats() const {
   return r != nullptr ? r->stats() : router::RouterStats();
 }
 
-size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target) const {
+size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target,
+                                   const std::vector<runtime::EmbeddingRow>& rows) const {
   const size_t in_cache = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
   size_t common = 0;
+  size_t row = 0;  // embedding positions passed
   while (common < in_cache && common < target.size() && tokens_[common] == target[common]) {
+    if (target[common] == model::kEmbeddingToken) {
+      if (!(rows_[row] == rows[row])) break;
+      ++row;
+    }
     ++common;
   }
   // The last token is evaluated again when everything is cached: its logits are needed.
@@ -180,16 +418,19 @@ size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target) const {
   return common;
 }
 
-absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target) {
-  const size_t common = CachedPrefix(target);
+absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
+                                    const std::vector<runtime::EmbeddingRow>& rows) {
+  const size_t common = CachedPrefix(target, rows);
   cache_->Truncate(static_cast<int>(common));
 
   const auto start = Clock::now();
   const std::span<const int32_t> fresh = std::span(target).subspan(common);
-  MOERT_RETURN_IF_ERROR(Forward(fresh));
+  const size_t rows_before = CountEmbeddingPositions(std::span(target).subspan(0, common));
+  MOERT_RETURN_IF_ERROR(Forward(fresh, std::span(rows).subspan(rows_before)));
   stats_.prefill_ms += MillisSince(start);
   stats_.prefill_tokens += static_cast<int>(fresh.size());
   tokens_ = target;
+  rows_ = rows;
   return absl::OkStatus();
 }
 
@@ -202,8 +443,13 @@ absl::Status Session::Impl::Slide() {
   if (tokens_.size() <= head + tail) return absl::InternalError("nothing to slide");
   std::vector<int32_t> kept(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(head));
   kept.insert(kept.end(), tokens_.end() - static_cast<std::ptrdiff_t>(tail), tokens_.end());
+  // The rows of the embedding positions that stay (head is BOS, never an image's).
+  const size_t dropped = CountEmbeddingPositions(
+      std::span<const int32_t>(tokens_).subspan(0, tokens_.size() - tail));
+  std::vector<runtime::EmbeddingRow> rows(rows_.begin() + static_cast<std::ptrdiff_t>(dropped),
+                                          rows_.end());
   ++stats_.context_slides;
-  return Prefill(kept);
+  return Prefill(kept, rows);
 }
 
 absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
@@ -231,12 +477,20 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
   MOERT_RETURN_IF_ERROR(FitPrompt(request, &prompt));
 
   stats_.prompt_tokens = static_cast<int>(prompt.tokens.size());
-  stats_.cached_tokens = static_cast<int>(CachedPrefix(prompt.tokens));
-  MOERT_RETURN_IF_ERROR(Prefill(prompt.tokens));
+  stats_.cached_tokens = static_cast<int>(CachedPrefix(prompt.tokens, prompt.rows));
+  stats_.image_tokens = static_cast<int>(prompt.rows.size());
+  // The routing lambda's share (docs/routing.md): image positions over all of them.
+  image_share_ = static_cast<float>(static_cast<double>(prompt.rows.size()) /
+                                    static_cast<double>(prompt.tokens.size()));
+  stats_.image_share = image_share_;
+  MOERT_RETURN_IF_ERROR(Prefill(prompt.tokens, prompt.rows));
+  pending_images_.clear();
   if (prompt.chat) {
     history_ = std::move(prompt.history);
+    history_images_ = std::move(prompt.history_images);
   } else if (stateless_) {
     history_.clear();
+    history_images_.clear();
   }
 
   const tokenizer::Tokenizer& tokenizer = model_->tokenizer;
@@ -326,7 +580,8 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
         reply[0] == ' ') {
       reply.erase(0, 1);
     }
-    history_.push_back({"assistant", std::move(reply)});
+    history_.push_back({"assistant", std::move(reply), {}});
+    history_images_.emplace_back();
   }
 
   stats_.generated_tokens = static_cast<int>(result->tokens.size());
@@ -401,6 +656,8 @@ Session::~Session() = default;
 Status Session::AddMessage(std::string role, std::string content) {
   return impl_->AddMessage(std::move(role), std::move(content));
 }
+
+Status Session::AddImage(const Image& image) { return impl_->AddImage(image); }
 
 Status Session::Generate(const GenerateRequest& request, const TokenCallback& on_token,
                          GenerateResult* result) {

@@ -4,5 +4,6 @@ list(APPEND MOERT_SOURCES
   runtime/status.cc
   runtime/runtime.cc
   runtime/session.cc
+  runtime/vision.cc
   runtime/c_api.cc
 )

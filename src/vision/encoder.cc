@@ -17,7 +17,7 @@ using backend::Weight;
 namespace {
 
 // Scratch slots of one slice's pass.
-enum Slot { kPatches, kX, kH, kQ, kK, kV, kAttn, kT, kF, kIdx, kPos, kV0, kKr, kKK, kVV, kO, kO2, kOut,
+enum Slot { kPatches, kX, kH, kQ, kK, kV, kAttn, kT, kF, kIdx, kPos, kV0, kKr, kKK, kVV, kO, kO2, kOut, kEntropy,
             kSlotCount };
 
 // clip.cpp buckets patch positions onto a 70x70 grid of the position embedding.
@@ -142,7 +142,8 @@ std::vector<float> VisionEncoder::SincosPositions(int patches_w, int patches_h, 
   return out;
 }
 
-absl::Status VisionEncoder::EncodeSlice(const Slice& slice, std::vector<float>* out) {
+absl::Status VisionEncoder::EncodeSlice(const Slice& slice, std::vector<float>* out,
+                                        std::vector<float>* entropy) {
   const MmprojHparams& hp = m_.hparams;
   const int patch = hp.patch_size;
   if (slice.width <= 0 || slice.height <= 0 || slice.width % patch != 0 ||
@@ -257,6 +258,20 @@ absl::Status VisionEncoder::EncodeSlice(const Slice& slice, std::vector<float>* 
   cross.head_dim_k = cross.head_dim_v = hp.resampler_head_dim;
   cross.scale = 1.0f / std::sqrt(static_cast<float>(hp.resampler_head_dim));
   MOERT_RETURN_IF_ERROR(b_.FullAttention(cross, TensorRef(w.queries), nq, kk, vv, n, o));
+  if (entropy != nullptr) {
+    // Per query and head, then the mean over heads.
+    const int64_t heads = cross.n_head;
+    MOERT_ASSIGN_OR_RETURN(TensorRef ent, scratch_.Get(kEntropy, Bytes(nq * heads)));
+    MOERT_RETURN_IF_ERROR(b_.AttentionEntropy(cross, TensorRef(w.queries), nq, kk, n, ent));
+    std::vector<float> per_head(static_cast<size_t>(nq * heads));
+    MOERT_RETURN_IF_ERROR(b_.Read(ent, per_head.data(), Bytes(nq * heads)));
+    entropy->assign(static_cast<size_t>(nq), 0.0f);
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      double sum = 0;
+      for (int64_t hd = 0; hd < heads; ++hd) sum += per_head[static_cast<size_t>(qi * heads + hd)];
+      (*entropy)[static_cast<size_t>(qi)] = static_cast<float>(sum / static_cast<double>(heads));
+    }
+  }
   MOERT_RETURN_IF_ERROR(b_.MatMul(*w.ro, 0, o, nq, o2));
   MOERT_RETURN_IF_ERROR(b_.AddBias(o2, TensorRef(w.ro_b), nq, rw));
   MOERT_RETURN_IF_ERROR(

@@ -28,9 +28,12 @@ class VisionEncoder {
 
   const MmprojHparams& hparams() const { return m_.hparams; }
   // One slice: n_query x resampler_width floats, token-major, into *out (resized).
-  // InvalidArgument for a slice whose size is not whole patches or whose pixels do not
-  // match it.
-  absl::Status EncodeSlice(const Slice& slice, std::vector<float>* out);
+  // With `entropy`, also each output token's resampler cross-attention entropy (nats,
+  // the mean over heads; n_query values), which visual-token pruning ranks by
+  // (docs/vision.md). InvalidArgument for a slice whose size is not whole patches or
+  // whose pixels do not match it.
+  absl::Status EncodeSlice(const Slice& slice, std::vector<float>* out,
+                           std::vector<float>* entropy = nullptr);
 
   // The resampler's 2D sincos position embedding of a patches_h x patches_w grid (token
   // p = row * patches_w + col: [sin(col w_d), cos(col w_d) | sin(row w_d), cos(row w_d)],

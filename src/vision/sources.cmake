@@ -4,6 +4,8 @@ list(APPEND MOERT_SOURCES
   vision/preprocess.cc
   vision/mmproj.cc
   vision/encoder.cc
+  vision/prompt.cc
+  vision/image_embedding.cc
 )
 # Only image.cc includes stb_image (cmake/MoertDependencies.cmake finds it).
 if(MOERT_STB_INCLUDE_DIR)

@@ -347,6 +347,39 @@ Naive NaiveAttention(const AttentionCase& c, const Floats& q, const Floats& k, c
   return out;
 }
 
+// The entropy of each query's unmasked attention per head: -sum p ln p.
+Naive NaiveAttentionEntropy(const AttentionCase& c, const Floats& q, const Floats& k,
+                            int64_t n_kv) {
+  Naive out;
+  const int group = c.n_head / c.n_head_kv;
+  for (int64_t t = 0; t < c.n; ++t) {
+    for (int h = 0; h < c.n_head; ++h) {
+      const int g = h / group;
+      std::vector<double> s(static_cast<size_t>(n_kv));
+      for (int64_t j = 0; j < n_kv; ++j) {
+        double dot = 0;
+        for (int d = 0; d < c.dk; ++d) {
+          dot += static_cast<double>(q[static_cast<size_t>((t * c.n_head + h) * c.dk + d)]) *
+                 k[static_cast<size_t>((j * c.n_head_kv + g) * c.dk + d)];
+        }
+        s[static_cast<size_t>(j)] = dot * c.scale();
+      }
+      double max = -std::numeric_limits<double>::infinity();
+      for (double x : s) max = std::max(max, x);
+      double z = 0;
+      for (double x : s) z += std::exp(x - max);
+      double entropy = 0;
+      for (double x : s) {
+        const double p = std::exp(x - max) / z;
+        if (p > 0) entropy -= p * std::log(p);
+      }
+      // The float scores' rounding moves H by about |s| * eps: scale by ln(n_kv) + 1.
+      out.Push(entropy, std::log(static_cast<double>(n_kv)) + 1);
+    }
+  }
+  return out;
+}
+
 // The router: softmax, the k most probable (ties: the lower index), renormalised or not.
 void NaiveTopK(const Floats& logits, int64_t n, int n_expert, int k, bool renormalize,
                std::vector<int32_t>* experts, Naive* weights) {
@@ -556,6 +589,18 @@ absl::StatusOr<Floats> RunFullAttention(Backend& b, const AttentionCase& c, cons
   MOERT_RETURN_IF_ERROR(
       b.FullAttention(args, TensorRef(qb, kAt), c.n, TensorRef(kb, kAt), vb, n_kv, out));
   return Get<float>(b, out, count);
+}
+
+absl::StatusOr<Floats> RunAttentionEntropy(Backend& b, const AttentionCase& c, const Floats& q,
+                                           const Floats& k, int64_t n_kv) {
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> qb, Put(b, q, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> kb, Put(b, k, kAt));
+  const size_t count = static_cast<size_t>(c.n * c.n_head);
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> out, Output(b, count, kAt));
+  const AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, c.scale(), false};
+  MOERT_RETURN_IF_ERROR(b.AttentionEntropy(args, TensorRef(qb, kAt), c.n, TensorRef(kb, kAt),
+                                           n_kv, TensorRef(out, kAt)));
+  return Get<float>(b, TensorRef(out, kAt), count);
 }
 
 absl::StatusOr<Floats> RunSoftmax(Backend& b, const Floats& x, int64_t rows, int64_t width,
@@ -1108,6 +1153,45 @@ TEST_P(BackendConformanceTest, FullAttention) {
   }
 }
 
+// The entropy of FullAttention's distributions (visual-token pruning ranks by it):
+// against the naive formula, and its bounds (0 for one key, ln n_kv for equal scores).
+TEST_P(BackendConformanceTest, AttentionEntropy) {
+  SKIP_UNLESS_SUPPORTED(Op::kAttentionEntropy, WeightType::kF32);
+  struct EntropyCase {
+    AttentionCase c;
+    int64_t n_kv;
+  };
+  const EntropyCase cases[] = {
+      {{4, 4, 16, 16, 0, 3}, 13},     // cross-attention: 3 queries over 13 keys
+      {{4, 2, 16, 24, 0, 5}, 7},      // grouped heads
+      {{2, 2, 128, 128, 0, 4}, 300},  // many keys
+      {{1, 1, 8, 8, 0, 2}, 1},        // one key: 0
+  };
+  for (const EntropyCase& f : cases) {
+    const AttentionCase& c = f.c;
+    const std::string what = StrCat(On(), "entropy ", c.Describe(), " over ", f.n_kv, " keys");
+    const Floats q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 14);
+    const Floats k = RandomFloats(static_cast<size_t>(f.n_kv * c.n_head_kv * c.dk), 15);
+    absl::StatusOr<Floats> got = RunAttentionEntropy(backend(), c, q, k, f.n_kv);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    absl::StatusOr<Floats> want = RunAttentionEntropy(reference(), c, q, k, f.n_kv);
+    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+    EXPECT_TRUE(NmseBelow(*got, *want, 1e-10)) << what;
+    EXPECT_TRUE(CloseToNaive(*got, NaiveAttentionEntropy(c, q, k, f.n_kv))) << what;
+    for (float e : *got) {
+      EXPECT_GE(e, -1e-5f) << what;
+      EXPECT_LE(e, std::log(static_cast<float>(f.n_kv)) + 1e-4f) << what;
+    }
+  }
+  // Zero queries: every score equal, the entropy is ln n_kv.
+  const AttentionCase c{2, 2, 16, 16, 0, 2};
+  const Floats q(static_cast<size_t>(c.n * c.n_head * c.dk), 0.0f);
+  const Floats k = RandomFloats(static_cast<size_t>(9 * c.n_head_kv * c.dk), 16);
+  absl::StatusOr<Floats> got = RunAttentionEntropy(backend(), c, q, k, 9);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (float e : *got) EXPECT_NEAR(e, std::log(9.0f), 1e-5f);
+}
+
 // Half KV caches written by the backend's own StoreHalf; the CPU reference attends
 // over the same halves widened back to floats.
 TEST_P(BackendConformanceTest, AttentionOverHalfCaches) {
@@ -1613,6 +1697,11 @@ absl::Status BackendConformanceTest::CallOnce(Op op, WeightType type) {
     case Op::kAttention: {
       const AttentionArgs a{2, 1, 8, 8, 0.35f, false};
       s = b.Attention(a, xb, 2, 1, yb, yb, out);  // q 2x16, caches 3 rows of 8
+      break;
+    }
+    case Op::kAttentionEntropy: {
+      const AttentionArgs a{2, 1, 8, 8, 0.35f, false};
+      s = b.AttentionEntropy(a, xb, 2, yb, 3, out);  // q 2x16, keys 3 rows of 8
       break;
     }
     case Op::kFullAttention: {

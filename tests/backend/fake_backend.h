@@ -89,6 +89,11 @@ class FakeBackend final : public Backend {
     if (!Count(Op::kFullAttention)) return Unsupported(Op::kFullAttention);
     return cpu_.FullAttention(shape, Inner(q), n, Inner(k), Inner(v), n_kv, Inner(out));
   }
+  absl::Status AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
+                                int64_t n_kv, TensorRef entropy) override {
+    if (!Count(Op::kAttentionEntropy)) return Unsupported(Op::kAttentionEntropy);
+    return cpu_.AttentionEntropy(shape, Inner(q), n, Inner(k), n_kv, Inner(entropy));
+  }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     if (!Count(Op::kSoftmax)) return Unsupported(Op::kSoftmax);
     return cpu_.Softmax(Inner(x), n_rows, width, Inner(y));

@@ -106,6 +106,10 @@ class FaultBackend final : public Backend {
                              TensorRef v, int64_t n_kv, TensorRef out) override {
     return inner_->FullAttention(shape, q, n, k, v, n_kv, out);
   }
+  absl::Status AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
+                                int64_t n_kv, TensorRef entropy) override {
+    return inner_->AttentionEntropy(shape, q, n, k, n_kv, entropy);
+  }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     return inner_->Softmax(x, n_rows, width, y);
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -28,6 +29,7 @@ using ::testing::HasSubstr;
 
 const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
 constexpr int kVocab = 2048;
+constexpr size_t kEmbd = 256;  // the oracle model: n_embd
 
 struct Loaded {
   std::unique_ptr<format::GgufFile> file;
@@ -336,7 +338,7 @@ TEST(Forward, BadTokenIdAndEmptyBatchAreInvalidArgument) {
   std::vector<float> logits;
   ASSERT_TRUE(
       model.Forward(std::span(kSample).first(3), cache->get(), LogitsFor::kLast, &logits).ok());
-  for (int32_t bad : {2048, -1}) {
+  for (int32_t bad : {2048, -2}) {
     const std::vector<int32_t> ids = {5, bad};
     absl::Status s = model.Forward(ids, cache->get(), LogitsFor::kLast, &logits);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -344,9 +346,123 @@ TEST(Forward, BadTokenIdAndEmptyBatchAreInvalidArgument) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("batch index 1"));
     EXPECT_EQ((*cache)->size(), 3);
   }
-  absl::Status s = model.Forward({}, cache->get(), LogitsFor::kLast, &logits);
+  absl::Status s = model.Forward(std::span<const int32_t>(), cache->get(), LogitsFor::kLast, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*cache)->size(), 3);
+}
+
+// The rows of token_embd.weight (F32) for `ids`, as embedding input.
+std::vector<float> EmbeddingRows(const Loaded& m, const std::vector<int32_t>& ids) {
+  const format::GgufTensorInfo* t = m.file->FindTensor("token_embd.weight");
+  EXPECT_NE(t, nullptr);
+  if (t == nullptr) return {};
+  EXPECT_EQ(t->type, format::GgmlType::kF32);
+  const size_t width = static_cast<size_t>(t->dims[0]);
+  const std::span<const uint8_t> data = m.file->TensorData(*t);
+  std::vector<float> rows(ids.size() * width);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::memcpy(rows.data() + i * width, data.data() + static_cast<size_t>(ids[i]) * width * 4,
+                width * 4);
+  }
+  return rows;
+}
+
+// Embedding rows at some positions (an image's tokens): a row equal to a token's
+// embedding gives that token's logits bit for bit, in one batch or step by step, at
+// any mix of positions.
+TEST(Forward, EmbeddingRowsAtPositionsMatchTheirTokens) {
+  const Loaded& m = Get("tiny-moe-shakespeare-f32.gguf");
+  Model& model = *m.model;
+  const std::vector<int32_t> ids(kSample.begin(), kSample.begin() + 10);
+  std::vector<float> want;
+  {
+    auto cache = model.NewKvCache(32);
+    ASSERT_TRUE(cache.ok());
+    ASSERT_TRUE(model.Forward(ids, cache->get(), LogitsFor::kAll, &want).ok());
+  }
+  // Positions 0, 3, 4, 5 and 9 as embeddings.
+  std::vector<int32_t> mixed = ids;
+  std::vector<int32_t> replaced;
+  for (size_t i : {0, 3, 4, 5, 9}) {
+    replaced.push_back(ids[i]);
+    mixed[i] = kEmbeddingToken;
+  }
+  const std::vector<float> rows = EmbeddingRows(m, replaced);
+  ForwardInput input;
+  input.tokens = mixed;
+  input.embeddings = rows;
+  auto cache = model.NewKvCache(32);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> got;
+  ASSERT_TRUE(model.Forward(input, cache->get(), LogitsFor::kAll, &got).ok());
+  EXPECT_TRUE(got == want);
+  // Step by step: each position alone, its row when it has one.
+  auto step_cache = model.NewKvCache(32);
+  ASSERT_TRUE(step_cache.ok());
+  size_t row = 0;
+  for (size_t t = 0; t < mixed.size(); ++t) {
+    ForwardInput one;
+    one.tokens = std::span(mixed).subspan(t, 1);
+    if (mixed[t] == kEmbeddingToken) {
+      one.embeddings = std::span(rows).subspan(row++ * kEmbd, kEmbd);
+    }
+    std::vector<float> step;
+    ASSERT_TRUE(model.Forward(one, step_cache->get(), LogitsFor::kLast, &step).ok()) << t;
+    EXPECT_TRUE(std::equal(step.begin(), step.end(), want.begin() + t * kVocab)) << t;
+  }
+  // Rows that are not a token's change the logits.
+  std::vector<float> other = rows;
+  for (float& v : other) v *= 0.5f;
+  input.embeddings = other;
+  auto other_cache = model.NewKvCache(32);
+  ASSERT_TRUE(other_cache.ok());
+  ASSERT_TRUE(model.Forward(input, other_cache->get(), LogitsFor::kAll, &got).ok());
+  EXPECT_FALSE(got == want);
+}
+
+// Rows that do not match the embedding positions, non-finite rows and a share outside
+// [0, 1] are InvalidArgument naming what is wrong; the cache is unchanged.
+TEST(Forward, BadEmbeddingRowsAreInvalidArgument) {
+  const Loaded& m = Get("tiny-moe-shakespeare-f32.gguf");
+  Model& model = *m.model;
+  auto cache = model.NewKvCache(16);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  ASSERT_TRUE(
+      model.Forward(std::span(kSample).first(3), cache->get(), LogitsFor::kLast, &logits).ok());
+  const std::vector<int32_t> ids = {5, kEmbeddingToken, 7, kEmbeddingToken};
+  std::vector<float> rows = EmbeddingRows(m, {5, 7});
+  struct Case {
+    std::vector<float> rows;
+    float share;
+    std::string message;
+  };
+  std::vector<float> nan_rows = rows;
+  nan_rows[kEmbd + 3] = std::nanf("");
+  const Case cases[] = {
+      {{}, 0, "2 embedding positions"},
+      {std::vector<float>(rows.begin(), rows.begin() + kEmbd), 0, "256 embedding floats"},
+      {std::vector<float>(3 * kEmbd, 0.0f), 0, "768 embedding floats"},
+      {nan_rows, 0, "embedding row 1 holds a non-finite value at column 3"},
+      {rows, 1.5f, "image_share"},
+      {rows, std::nanf(""), "image_share"},
+  };
+  for (const Case& c : cases) {
+    ForwardInput input;
+    input.tokens = ids;
+    input.embeddings = c.rows;
+    input.image_share = c.share;
+    absl::Status s = model.Forward(input, cache->get(), LogitsFor::kLast, &logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    EXPECT_EQ((*cache)->size(), 3);
+  }
+  ForwardInput good;
+  good.tokens = ids;
+  good.embeddings = rows;
+  good.image_share = 0.5f;
+  EXPECT_TRUE(model.Forward(good, cache->get(), LogitsFor::kLast, &logits).ok());
+  EXPECT_EQ((*cache)->size(), 7);
 }
 
 TEST(Forward, KvCacheSizesAndTruncation) {

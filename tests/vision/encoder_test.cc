@@ -18,7 +18,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/gguf.h"
-#include "minicpmv_oracle.h"
+#include "vision/oracle_files.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
 #include "vision/mmproj.h"
@@ -58,9 +58,7 @@ std::map<std::string, std::vector<SliceRef>> ReadReference() {
   std::string line, image;
   while (std::getline(in, line)) {
     if (line.rfind("## image=", 0) == 0) {
-      image = line.find("mmproj-minicpmv26-tiny-f32.gguf") != std::string::npos
-                  ? line.substr(9, line.find(' ', 9) - 9)
-                  : "";
+      image = testing::ImageSection(line, image);
       continue;
     }
     if (image.empty() || line.rfind("slice ", 0) != 0 || line.find(" embd ") == std::string::npos) {
@@ -85,28 +83,22 @@ std::map<std::string, std::vector<SliceRef>> ReadReference() {
 class EncoderOracleSlowTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/moert-encoder-oracle");
-    std::filesystem::create_directories(*dir_);
-    auto written = synth::WriteMinicpmv26Oracle(*dir_, kDir + "vocab.json");
-    ASSERT_TRUE(written.ok()) << written.status();
-    auto file = format::GgufFile::Open((*written)[0]);
+    const testing::OracleFiles& files = testing::GetOracleFiles();
+    ASSERT_FALSE(files.mmproj.empty());
+    auto file = format::GgufFile::Open(files.mmproj);
     ASSERT_TRUE(file.ok()) << file.status();
     auto mmproj = LoadMmproj(**file);
     ASSERT_TRUE(mmproj.ok()) << mmproj.status();
     mmproj_ = new Mmproj(std::move(*mmproj));
-    std::filesystem::remove_all(*dir_);  // the weights are copied out
   }
   static void TearDownTestSuite() {
     delete mmproj_;
-    delete dir_;
     mmproj_ = nullptr;
   }
 
-  static std::string* dir_;
   static Mmproj* mmproj_;
 };
 
-std::string* EncoderOracleSlowTest::dir_ = nullptr;
 Mmproj* EncoderOracleSlowTest::mmproj_ = nullptr;
 
 TEST_F(EncoderOracleSlowTest, TheOracleLoads) {

@@ -222,6 +222,22 @@ absl::Status CpuBackend::Rope(const RopeArgs& rope, int64_t pos0, int64_t n, int
   return absl::OkStatus();
 }
 
+namespace {
+
+// The f32 ops' view of an attention shape; n_kv 0: causal over the cache.
+AttentionShape ShapeOf(const AttentionArgs& shape, int64_t n_kv) {
+  AttentionShape s;
+  s.n_head = shape.n_head;
+  s.n_head_kv = shape.n_head_kv;
+  s.head_dim_k = shape.head_dim_k;
+  s.head_dim_v = shape.head_dim_v;
+  s.scale = shape.scale;
+  s.n_kv = n_kv;
+  return s;
+}
+
+}  // namespace
+
 absl::Status CpuBackend::Attention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                    int64_t pos0, TensorRef k_cache, TensorRef v_cache,
                                    TensorRef out) {
@@ -257,14 +273,26 @@ absl::Status CpuBackend::RunAttention(const AttentionArgs& shape, TensorRef q, i
       const float* vp, At<const float>(v_cache, kv * shape.n_head_kv * shape.head_dim_v, name, "v"));
   MOERT_ASSIGN_OR_RETURN(float* op_out,
                          At<float>(out, n * shape.n_head * shape.head_dim_v, name, "out"));
-  AttentionShape s;
-  s.n_head = shape.n_head;
-  s.n_head_kv = shape.n_head_kv;
-  s.head_dim_k = shape.head_dim_k;
-  s.head_dim_v = shape.head_dim_v;
-  s.scale = shape.scale;
-  s.n_kv = causal ? 0 : kv;
-  cpu::Attention(*pool_, s, qp, n, pos0, kp, vp, op_out);
+  cpu::Attention(*pool_, ShapeOf(shape, causal ? 0 : kv), qp, n, pos0, kp, vp, op_out);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n,
+                                          TensorRef k, int64_t n_kv, TensorRef entropy) {
+  const std::string_view name = OpName(Op::kAttentionEntropy);
+  if (shape.kv_half) return Unsupported(Op::kAttentionEntropy);
+  if (shape.n_head < 1 || shape.n_head_kv < 1 || shape.n_head % shape.n_head_kv != 0 ||
+      shape.head_dim_k < 1 || n < 0 || n_kv < 1) {
+    return absl::InvalidArgumentError(StrCat("CPU backend ", name, ": ", shape.n_head,
+                                             " heads over ", shape.n_head_kv, " KV heads of ",
+                                             shape.head_dim_k, ", ", n_kv, " keys"));
+  }
+  MOERT_ASSIGN_OR_RETURN(const float* qp,
+                         At<const float>(q, n * shape.n_head * shape.head_dim_k, name, "q"));
+  MOERT_ASSIGN_OR_RETURN(const float* kp,
+                         At<const float>(k, n_kv * shape.n_head_kv * shape.head_dim_k, name, "k"));
+  MOERT_ASSIGN_OR_RETURN(float* ep, At<float>(entropy, n * shape.n_head, name, "entropy"));
+  cpu::AttentionEntropy(*pool_, ShapeOf(shape, n_kv), qp, n, kp, ep);
   return absl::OkStatus();
 }
 

@@ -45,6 +45,8 @@ class CpuBackend final : public Backend {
                          TensorRef k_cache, TensorRef v_cache, TensorRef out) override;
   absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
                              TensorRef v, int64_t n_kv, TensorRef out) override;
+  absl::Status AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n, TensorRef k,
+                                int64_t n_kv, TensorRef entropy) override;
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override;
   absl::Status SiluMul(TensorRef g, TensorRef u, int64_t count) override;
   absl::Status Gelu(TensorRef x, int64_t count, TensorRef y) override;

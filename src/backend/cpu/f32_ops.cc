@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -330,6 +331,35 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
       const float* vr = v_cache + i * v_row + g * dv;
       for (int64_t d = 0; d < dv; ++d) o[d] += w * vr[d];
     }
+  });
+}
+
+void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+                      const float* k, float* entropy) {
+  const int64_t dk = shape.head_dim_k;
+  const int64_t k_row = int64_t{shape.n_head_kv} * dk;
+  const int group = shape.n_head / shape.n_head_kv;
+  const int64_t n_kv = shape.n_kv;
+  pool.ParallelFor(static_cast<size_t>(n * shape.n_head), [&](size_t task) {
+    const int64_t t = static_cast<int64_t>(task) / shape.n_head;
+    const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
+    const float* qh = q + (t * shape.n_head + h) * dk;
+    const float* keys = k + (h / group) * dk;
+    std::vector<float> s(static_cast<size_t>(n_kv));
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n_kv; ++j) {
+      s[j] = Dot(keys + j * k_row, qh, dk) * shape.scale;
+      max = std::max(max, s[j]);
+    }
+    // H = ln Z - sum_j p_j (s_j - max), Z = sum_j exp(s_j - max).
+    double z = 0, weighted = 0;
+    for (int64_t j = 0; j < n_kv; ++j) {
+      const double d = static_cast<double>(s[j]) - max;
+      const double e = std::exp(d);
+      z += e;
+      weighted += e * d;
+    }
+    entropy[task] = static_cast<float>(std::log(z) - weighted / z);
   });
 }
 

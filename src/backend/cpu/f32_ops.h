@@ -112,6 +112,12 @@ struct AttentionShape {
 void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                int64_t pos0, const float* k_cache, const float* v_cache, float* out);
 
+// The entropy in nats of each query's unmasked attention over shape.n_kv keys, per
+// head: entropy[t * n_head + h] = -sum_j p_j ln p_j with p = softmax_j(scale q_th . k_j)
+// (the distribution Attention weighs the values with). Visual-token pruning reads it.
+void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+                      const float* k, float* entropy);
+
 // silu(x) = x / (1 + exp(-x)); sigmoid(x) = 1 / (1 + exp(-x)).
 float Silu(float x);
 float Sigmoid(float x);

@@ -88,6 +88,7 @@ class OpenClBackend final : public Backend {
       case Op::kLayerNorm:
       case Op::kGelu:
       case Op::kFullAttention:
+      case Op::kAttentionEntropy:
       case Op::kGatedAdd:
         return false;  // no kernels yet: the CPU runs them
       default:
@@ -162,6 +163,10 @@ class OpenClBackend final : public Backend {
   absl::Status FullAttention(const backend::AttentionArgs&, TensorRef, int64_t, TensorRef,
                              TensorRef, int64_t, TensorRef) override {
     return Unsupported(Op::kFullAttention);
+  }
+  absl::Status AttentionEntropy(const backend::AttentionArgs&, TensorRef, int64_t, TensorRef,
+                                int64_t, TensorRef) override {
+    return Unsupported(Op::kAttentionEntropy);
   }
   absl::Status Softmax(TensorRef x, int64_t n_rows, int64_t width, TensorRef y) override {
     MOERT_ASSIGN_OR_RETURN(BufferRef xr, Ref(x, "softmax"));
