@@ -119,6 +119,10 @@ typedef struct moert_generate_params {
    * model's own (plain when it has none). */
   const char* chat_template;
   moert_context_policy context_policy; /**< default MOERT_CONTEXT_ERROR */
+  /** Visual-token pruning: each image slice keeps this fraction (0, 1] of its tokens,
+   * the most focused ones (default 1: all); at least `image_min_keep` (default 1). */
+  float image_keep_ratio;
+  int32_t image_min_keep;
 } moert_generate_params;
 
 /** Figures of a session's last generation. */
@@ -137,6 +141,9 @@ typedef struct moert_stats {
   moert_finish_reason finish_reason; /**< why it ended */
   double average_experts_per_token;  /**< MoE: experts per token and layer (k) */
   double router_changed_fraction;    /**< MoE: token-layers where residency or heat changed the choice */
+  int32_t images;                    /**< images encoded for this generation */
+  int32_t image_tokens;              /**< image positions in its prompt (after pruning) */
+  double image_encode_ms;            /**< decoding, preprocessing and encoding them */
 } moert_stats;
 
 /** Memory figures of a session's last generation, with a memory budget or an expert
@@ -198,6 +205,13 @@ MOERT_API moert_status moert_runtime_load_model(moert_runtime* runtime, const ch
 MOERT_API moert_status moert_runtime_context_length(const moert_runtime* runtime,
                                                     int32_t* context_length);
 
+/** Loads a vision projector for the loaded model: llama.cpp's clip GGUF of a MiniCPM-V
+ * model (llama.cpp's --mmproj; versions 2, 3 and 4). The model's sessions take images
+ * from then on (moert_session_add_image). MOERT_FAILED_PRECONDITION without a model;
+ * MOERT_INVALID_ARGUMENT naming the key or tensor at fault, another projector type, or
+ * a projection width that is not the model's n_embd. */
+MOERT_API moert_status moert_runtime_load_mmproj(moert_runtime* runtime, const char* path);
+
 /** Creates a session on the loaded model; MOERT_FAILED_PRECONDITION when no model
  * is loaded. */
 MOERT_API moert_status moert_session_create(moert_runtime* runtime, moert_session** session);
@@ -212,6 +226,24 @@ MOERT_API const char* moert_session_last_error(const moert_session* session);
  * or earlier turns). */
 MOERT_API moert_status moert_session_add_message(moert_session* session, const char* role,
                                                  const char* content);
+
+/** Adds a PNG or JPEG file to the session's next generation: with a raw prompt, that
+ * generation is one user turn laid out as llama.cpp's minicpmv-cli builds it (the
+ * image's slices, then the prompt); with messages, the image joins the last user
+ * message. The image is decoded now: a bad one is an error naming what is wrong and
+ * nothing is added. MOERT_FAILED_PRECONDITION when no vision projector is loaded. */
+MOERT_API moert_status moert_session_add_image(moert_session* session, const char* path);
+
+/** As moert_session_add_image, for the `size` bytes of a PNG or JPEG held in memory
+ * (copied). */
+MOERT_API moert_status moert_session_add_image_bytes(moert_session* session, const uint8_t* data,
+                                                     size_t size);
+
+/** As moert_session_add_image, for decoded RGB8 pixels: `height` rows of width * 3
+ * bytes, row y at pixels + y * stride_bytes (0: width * 3); copied. */
+MOERT_API moert_status moert_session_add_image_rgb8(moert_session* session, const uint8_t* pixels,
+                                                    int32_t width, int32_t height,
+                                                    size_t stride_bytes);
 
 /** Generates a continuation for `params`, streaming it to `callback` (may be NULL).
  * Only the tokens the session's KV cache does not hold yet are evaluated. A bad

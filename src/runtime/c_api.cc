@@ -181,6 +181,8 @@ void moert_generate_params_default(moert_generate_params* params) {
   params->n_stop = 0;
   params->chat_template = nullptr;
   params->context_policy = MOERT_CONTEXT_ERROR;
+  params->image_keep_ratio = defaults.image_keep_ratio;
+  params->image_min_keep = defaults.image_min_keep;
 }
 
 moert_status moert_runtime_create(const moert_runtime_options* options, moert_runtime** runtime) {
@@ -278,6 +280,51 @@ moert_status moert_session_add_message(moert_session* session, const char* role,
   });
 }
 
+moert_status moert_runtime_load_mmproj(moert_runtime* runtime, const char* path) {
+  constexpr char kName[] = "moert_runtime_load_mmproj";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    if (path == nullptr) return NullArgument(&runtime->last_error, kName, "path");
+    return Report(&runtime->last_error, runtime->runtime->LoadMmproj(path));
+  });
+}
+
+moert_status moert_session_add_image(moert_session* session, const char* path) {
+  constexpr char kName[] = "moert_session_add_image";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    if (path == nullptr) return NullArgument(&session->last_error, kName, "path");
+    return Report(&session->last_error, session->session->AddImage(moert::Image::FromFile(path)));
+  });
+}
+
+moert_status moert_session_add_image_bytes(moert_session* session, const uint8_t* data,
+                                           size_t size) {
+  constexpr char kName[] = "moert_session_add_image_bytes";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    if (data == nullptr) return NullArgument(&session->last_error, kName, "data");
+    if (size == 0) {
+      return Fail(&session->last_error, MOERT_INVALID_ARGUMENT,
+                  std::string(kName) + ": size is 0 (no image bytes)");
+    }
+    return Report(&session->last_error, session->session->AddImage(moert::Image::FromEncoded(
+                                            std::vector<uint8_t>(data, data + size))));
+  });
+}
+
+moert_status moert_session_add_image_rgb8(moert_session* session, const uint8_t* pixels,
+                                          int32_t width, int32_t height, size_t stride_bytes) {
+  constexpr char kName[] = "moert_session_add_image_rgb8";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    if (pixels == nullptr) return NullArgument(&session->last_error, kName, "pixels");
+    return Report(&session->last_error,
+                  session->session->AddImage(
+                      moert::Image::FromRgb8(pixels, width, height, stride_bytes)));
+  });
+}
+
 moert_status moert_session_generate(moert_session* session, const moert_generate_params* params,
                                     moert_token_callback callback, void* user_data) {
   constexpr char kName[] = "moert_session_generate";
@@ -324,6 +371,8 @@ moert_status moert_session_generate(moert_session* session, const moert_generate
     request.repeat_last_n = params->sampler.repeat_last_n;
     request.seed = params->sampler.seed;
     if (params->chat_template != nullptr) request.chat_template = params->chat_template;
+    request.image_keep_ratio = params->image_keep_ratio;
+    request.image_min_keep = params->image_min_keep;
     request.context_policy = params->context_policy == MOERT_CONTEXT_SLIDE
                                  ? moert::ContextPolicy::kSlide
                                  : moert::ContextPolicy::kError;
@@ -377,6 +426,9 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->finish_reason = FromFinish(s.finish_reason);
     stats->average_experts_per_token = s.average_experts_per_token;
     stats->router_changed_fraction = s.router_changed_fraction;
+    stats->images = s.images;
+    stats->image_tokens = s.image_tokens;
+    stats->image_encode_ms = s.image_encode_ms;
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,13 +17,18 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "moert/moert.h"
 #include "moert/runtime.h"
 #include "runtime/vision.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/image.h"
+#include "vision/encoder.h"
+#include "vision/mmproj.h"
 #include "vision/oracle_files.h"
+#include "vision/preprocess.h"
 #include "vision/prompt.h"
 
 namespace moert {
@@ -283,6 +289,143 @@ TEST_F(ImageChatOracleSlowTest, BytesPixelsAndChatTurns) {
   EXPECT_EQ(chat->Stats().images, 0);  // not encoded again
   EXPECT_EQ(chat->Stats().image_tokens, 64);
   EXPECT_GT(chat->Stats().cached_tokens, 64);
+}
+
+// Visual-token pruning: each slice keeps its lowest-entropy tokens (the encoder's
+// cross-attention entropies), in order, as the unpruned rows; the prompt shrinks and
+// its positions stay contiguous.
+TEST_F(ImageChatOracleSlowTest, PruningKeepsTheLowestEntropyTokensOfEachSlice) {
+  auto vision = runtime::VisionProjector::Load(*mmproj_, 3584, 2);
+  ASSERT_TRUE(vision.ok()) << vision.status();
+  auto pixels = vision::DecodeImageFile(kShared + "test_small.png");  // one slice
+  ASSERT_TRUE(pixels.ok());
+  auto full = (*vision)->Embed(*pixels, {});
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(full->n_rows(), 64);
+  auto half = (*vision)->Embed(*pixels, {0.5f, 1});
+  ASSERT_TRUE(half.ok()) << half.status();
+  ASSERT_EQ(half->n_rows(), 32);
+
+  // The entropies the encoder reports for each slice, computed on their own.
+  auto file = format::GgufFile::Open(*mmproj_);
+  ASSERT_TRUE(file.ok());
+  auto mmproj = vision::LoadMmproj(**file);
+  ASSERT_TRUE(mmproj.ok());
+  backend::cpu::CpuBackend cpu(2);
+  auto encoder = vision::VisionEncoder::Create(*mmproj, cpu);
+  ASSERT_TRUE(encoder.ok());
+  auto pre = vision::Preprocess(*pixels, {mmproj->hparams.image_mean, mmproj->hparams.image_std});
+  ASSERT_TRUE(pre.ok());
+  for (int s = 0; s < 1; ++s) {
+    SCOPED_TRACE(s);
+    std::vector<float> rows, entropy;
+    ASSERT_TRUE((*encoder)->EncodeSlice(pre->slices[static_cast<size_t>(s)], &rows, &entropy).ok());
+    ASSERT_EQ(entropy.size(), 64u);
+    const std::vector<int>& kept = half->kept[static_cast<size_t>(s)];
+    ASSERT_EQ(kept.size(), 32u);
+    EXPECT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+    // Every kept token's entropy is at most every dropped one's, and each is in (0, ln 1024].
+    float kept_max = 0, dropped_min = 1e30f;
+    for (int q = 0; q < 64; ++q) {
+      EXPECT_GT(entropy[static_cast<size_t>(q)], 0.0f);
+      EXPECT_LE(entropy[static_cast<size_t>(q)], std::log(1024.0f));
+      const bool in = std::binary_search(kept.begin(), kept.end(), q);
+      if (in) kept_max = std::max(kept_max, entropy[static_cast<size_t>(q)]);
+      if (!in) dropped_min = std::min(dropped_min, entropy[static_cast<size_t>(q)]);
+    }
+    EXPECT_LE(kept_max, dropped_min);
+    // The kept rows are the unpruned encoding's rows at those indices.
+    for (int i = 0; i < 32; ++i) {
+      const float* got = half->rows.data() + static_cast<size_t>(half->slice_offset(s) + i) * 3584;
+      const float* want = full->rows.data() +
+                          static_cast<size_t>(full->slice_offset(s) + kept[static_cast<size_t>(i)]) * 3584;
+      ASSERT_TRUE(std::equal(got, got + 3584, want)) << "token " << kept[static_cast<size_t>(i)];
+    }
+  }
+  auto floor = (*vision)->Embed(*pixels, {0.01f, 10});
+  ASSERT_TRUE(floor.ok());
+  EXPECT_EQ(floor->n_rows(), 10);  // min_keep
+
+  // Through the API: the prompt holds 3 x 32 image positions, contiguous.
+  std::unique_ptr<MoERuntime> runtime = Runtime();
+  std::unique_ptr<Session> session;
+  ASSERT_TRUE(runtime->CreateSession(&session).ok());
+  GenerateRequest request;
+  request.prompt = "Describe the image.";
+  request.images = {Image::FromFile(kShared + "test.png")};
+  request.image_keep_ratio = 0.5f;
+  request.temperature = 0;
+  request.max_tokens = 4;
+  ASSERT_TRUE(session->Generate(request).ok());
+  EXPECT_EQ(session->Stats().image_tokens, 96);
+  EXPECT_EQ(session->Stats().prompt_tokens, 222 - 96);
+  const std::vector<int32_t>& ctx = session->context_tokens();
+  EXPECT_EQ(std::count(ctx.begin(), ctx.end(), model::kEmbeddingToken), 96);
+}
+
+// The C API: moert_runtime_load_mmproj, moert_session_add_image (path, bytes, RGB8).
+TEST_F(ImageChatOracleSlowTest, CApiTakesImages) {
+  moert_runtime_options options;
+  moert_runtime_options_default(&options);
+  options.threads = 2;
+  options.context_length = 2048;
+  moert_runtime* rt = nullptr;
+  ASSERT_EQ(moert_runtime_create(&options, &rt), MOERT_OK);
+  EXPECT_EQ(moert_runtime_load_mmproj(rt, mmproj_->c_str()), MOERT_FAILED_PRECONDITION);
+  ASSERT_EQ(moert_runtime_load_model(rt, llm_->c_str(), nullptr, nullptr), MOERT_OK);
+  moert_session* session = nullptr;
+  ASSERT_EQ(moert_session_create(rt, &session), MOERT_OK);
+  const std::string png = kShared + "test_small.png";
+  EXPECT_EQ(moert_session_add_image(session, png.c_str()), MOERT_FAILED_PRECONDITION);
+  EXPECT_THAT(moert_session_last_error(session), HasSubstr("vision projector"));
+  EXPECT_EQ(moert_runtime_load_mmproj(rt, nullptr), MOERT_INVALID_ARGUMENT);
+  ASSERT_EQ(moert_runtime_load_mmproj(rt, mmproj_->c_str()), MOERT_OK);
+
+  const uint8_t junk[] = {1, 2, 3, 4, 5};
+  EXPECT_EQ(moert_session_add_image_bytes(session, junk, sizeof(junk)), MOERT_INVALID_ARGUMENT);
+  EXPECT_STRNE(moert_session_last_error(session), "");
+  EXPECT_EQ(moert_session_add_image_bytes(session, nullptr, 4), MOERT_INVALID_ARGUMENT);
+  EXPECT_EQ(moert_session_add_image_bytes(session, junk, 0), MOERT_INVALID_ARGUMENT);
+  EXPECT_EQ(moert_session_add_image_rgb8(session, junk, 0, 1, 0), MOERT_INVALID_ARGUMENT);
+  EXPECT_EQ(moert_session_add_image(session, nullptr), MOERT_INVALID_ARGUMENT);
+  EXPECT_EQ(moert_session_add_image(session, (*dir_ + "/none.png").c_str()), MOERT_NOT_FOUND);
+
+  std::ifstream in(png, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  auto pixels = vision::DecodeImage(bytes);
+  ASSERT_TRUE(pixels.ok());
+  for (int how = 0; how < 3; ++how) {
+    SCOPED_TRACE(how);
+    moert_status s = how == 0   ? moert_session_add_image(session, png.c_str())
+                     : how == 1 ? moert_session_add_image_bytes(session, bytes.data(), bytes.size())
+                                : moert_session_add_image_rgb8(session, pixels->pixels.data(),
+                                                               pixels->width, pixels->height, 0);
+    ASSERT_EQ(s, MOERT_OK) << moert_session_last_error(session);
+    moert_generate_params params;
+    moert_generate_params_default(&params);
+    EXPECT_EQ(params.image_keep_ratio, 1.0f);
+    params.prompt = "Describe the image.";
+    params.max_tokens = 16;
+    params.sampler.temperature = 0;
+    std::string text;
+    ASSERT_EQ(moert_session_generate(
+                  session, &params,
+                  [](const char* piece, int32_t, void* out) {
+                    *static_cast<std::string*>(out) += piece;
+                    return 0;
+                  },
+                  &text),
+              MOERT_OK)
+        << moert_session_last_error(session);
+    EXPECT_EQ(text, ref_->at("test_small.png").cli_bytes);
+    moert_stats stats;
+    ASSERT_EQ(moert_session_stats(session, &stats), MOERT_OK);
+    EXPECT_EQ(stats.image_tokens, 64);
+    ASSERT_EQ(moert_session_reset(session), MOERT_OK);
+  }
+  moert_session_destroy(session);
+  moert_runtime_destroy(rt);
 }
 
 // Bad input: clear errors, and the session goes on working.
