@@ -38,6 +38,9 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/perplexity.h"
+#include "modality_calib.h"
+#include "router/modality_bias.h"
+#include "router/router.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -76,6 +79,14 @@ constexpr char kUsage[] =
     "                         needs at least 2 * N tokens\n"
     "  --chunks N             use only the first N chunks of each text\n"
     "  -t, --threads N        compute threads (default: 1; 0: one per core)\n"
+    "  --modality-bias        route CALIB's text and the --calib-image images through IN\n"
+    "                         and store the modality bias (moert.modality_bias: per layer\n"
+    "                         and expert, ln of how much more often image tokens than text\n"
+    "                         tokens chose it) in OUT; needs --calib, --mmproj and\n"
+    "                         --calib-image. Without --sparsity or --eval, no perplexity\n"
+    "  --mmproj FILE          the vision projector of IN (llama.cpp's clip GGUF)\n"
+    "  --calib-image FILE     a calibration image (PNG or JPEG); repeatable\n"
+    "  --bias-clip B          |bias| at most B (default: 4)\n"
     "  -h, --help             show this help\n"
     "\n"
     "Results go to stdout: one line per perplexity, `PPL before = X +/- E` and\n"
@@ -108,6 +119,11 @@ struct Options {
   int n_ctx = 128;
   int max_chunks = 0;
   int threads = 1;
+  // --modality-bias: from routing over CALIB (text) and these images.
+  bool modality_bias = false;
+  std::string mmproj;
+  std::vector<std::string> calib_images;
+  float bias_clip = 4.0f;
 };
 
 constexpr TensorKind kExpertKinds[] = {TensorKind::kFfnGateExps, TensorKind::kFfnUpExps,
@@ -449,12 +465,20 @@ absl::StatusOr<std::optional<std::vector<uint64_t>>> ExpertChecksums(
 
 absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
                          const std::vector<Plan>& plans, const Options& options,
-                         const Calibration* calibration, const std::string& path,
+                         const Calibration* calibration,
+                         const std::vector<float>* modality_bias, const std::string& path,
                          std::vector<std::string>* notes) {
   moert::format::GgufWriter writer;
-  // IN's own checksums (if any) are of IN's bytes: OUT gets its own below.
-  CopyMetadata(file, &writer,
-               [](std::string_view key) { return key == moert::experts::kChecksumKey; });
+  // IN's own checksums (if any) are of IN's bytes: OUT gets its own below; a new
+  // modality bias replaces IN's.
+  CopyMetadata(file, &writer, [&](std::string_view key) {
+    return key == moert::experts::kChecksumKey ||
+           (modality_bias != nullptr && (key == moert::router::kModalityBiasKey ||
+                                         key == moert::router::kLegacyModalityBiasKey));
+  });
+  if (modality_bias != nullptr) {
+    writer.SetFloat32Array(moert::router::kModalityBiasKey, *modality_bias);
+  }
   writer.SetUint32("moert.pack.version", 1);
   writer.SetString("moert.pack.sparsity", options.sparse ? "2:4" : "none");
   writer.SetUint32("moert.pack.tile_rows", MOERT_NR);
@@ -590,7 +614,42 @@ int Run(const Options& options) {
   int32_t bos = -1;
   std::unique_ptr<Calibration> calibration;
   std::optional<moert::model::PerplexityResult> before;
-  if (!options.calib.empty() || !options.eval.empty()) {
+  std::optional<std::vector<float>> modality_bias;
+  if (options.modality_bias) {
+    auto tokenizer = moert::tokenizer::Tokenizer::FromGguf(file);
+    if (!tokenizer.ok()) return Fail(tokenizer.status());
+    auto text = ReadText(options.calib);
+    if (!text.ok()) return Fail(text.status());
+    moert::tools::ModalityCalibOptions calib;
+    calib.text_tokens = tokenizer->Encode(*text, true, false);
+    calib.n_ctx = options.n_ctx;
+    calib.max_chunks = options.max_chunks;
+    calib.mmproj = options.mmproj;
+    calib.images = options.calib_images;
+    calib.threads = options.threads;
+    calib.clip = options.bias_clip;
+    std::fprintf(stderr,
+                 "moert-pack: routing %zu tokens of '%s' and %zu image(s) through %s for the "
+                 "modality bias\n",
+                 calib.text_tokens.size(), options.calib.c_str(), calib.images.size(),
+                 options.in.c_str());
+    auto result = moert::tools::ComputeModalityBias(file, calib);
+    if (!result.ok()) return Fail(result.status());
+    const int n_expert = static_cast<int>(spec.n_expert);
+    std::printf("modality bias (%llu text and %llu image token-layers; images encoded in %.0f ms)\n",
+                static_cast<unsigned long long>(result->text_token_layers),
+                static_cast<unsigned long long>(result->image_token_layers), result->image_ms);
+    int layer = 0;
+    for (const std::vector<float>& row : moert::router::BiasRows(result->bias, n_expert)) {
+      std::printf("  layer %d:", layer++);
+      for (float b : row) std::printf(" %+.3f", b);
+      std::printf("\n");
+    }
+    modality_bias = std::move(result->bias);
+  }
+  const bool score = !options.eval.empty() ||
+                     (!options.calib.empty() && (!options.modality_bias || options.sparse));
+  if (score) {
     auto tokenizer = moert::tokenizer::Tokenizer::FromGguf(file);
     if (!tokenizer.ok()) return Fail(tokenizer.status());
     bos = tokenizer->vocab().add_bos() ? tokenizer->vocab().bos() : -1;
@@ -651,7 +710,8 @@ int Run(const Options& options) {
   const std::string partial = options.out + ".partial";
   std::vector<std::string> checksum_notes;
   absl::Status status =
-      WritePacked(file, spec, plans, options, calibration.get(), partial, &checksum_notes);
+      WritePacked(file, spec, plans, options, calibration.get(),
+                  modality_bias ? &*modality_bias : nullptr, partial, &checksum_notes);
   for (const std::string& note : checksum_notes) {
     std::fprintf(stderr, "moert-pack: %s\n", note.c_str());
   }
@@ -758,6 +818,24 @@ int main(int argc, char** argv) {
       if (!count(&options.n_ctx)) return 1;
     } else if (arg == "--chunks") {
       if (!count(&options.max_chunks)) return 1;
+    } else if (arg == "--modality-bias") {
+      options.modality_bias = true;
+    } else if (arg == "--mmproj") {
+      const char* v = value();
+      if (v == nullptr) return Fail("--mmproj needs a FILE (see --help)");
+      options.mmproj = v;
+    } else if (arg == "--calib-image") {
+      const char* v = value();
+      if (v == nullptr) return Fail("--calib-image needs a FILE (see --help)");
+      options.calib_images.emplace_back(v);
+    } else if (arg == "--bias-clip") {
+      const char* v = value();
+      char* end = nullptr;
+      const float clip = v != nullptr ? std::strtof(v, &end) : 0.0f;
+      if (v == nullptr || end == v || *end != '\0' || !(clip > 0) || !std::isfinite(clip)) {
+        return Fail("--bias-clip needs a number > 0 (see --help)");
+      }
+      options.bias_clip = clip;
     } else if (arg == "-t" || arg == "--threads") {
       if (!count(&options.threads)) return 1;
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -781,6 +859,15 @@ int main(int argc, char** argv) {
     return Fail("--prune-by activations needs a calibration text (--calib TEXT)");
   }
   if (options.n_ctx < 3) return Fail(StrCat("-c needs at least 3 tokens, got ", options.n_ctx));
+  if (options.modality_bias &&
+      (options.calib.empty() || options.mmproj.empty() || options.calib_images.empty())) {
+    return Fail(
+        "--modality-bias needs a calibration text (--calib TEXT), the vision projector "
+        "(--mmproj FILE) and calibration images (--calib-image FILE)");
+  }
+  if (!options.modality_bias && (!options.mmproj.empty() || !options.calib_images.empty())) {
+    return Fail("--mmproj and --calib-image are for --modality-bias");
+  }
   std::error_code ec;
   if (std::filesystem::equivalent(options.in, options.out, ec)) {
     return Fail(StrCat("OUT '", options.out, "' is IN: write the packed model to another file"));

@@ -39,13 +39,17 @@ constexpr char kUsage[] =
     "router stay f32, as llama.cpp keeps them. A K type falls back to q5_0 (q4_K) or\n"
     "q8_0 (q6_K) for rows that are not a multiple of 256, as llama-quantize does.\n"
     "\n"
-    "  --shape NAME     tiny, olmoe-1b-7b, qwen15-moe-a27b, mixtral-8x7b\n"
+    "  --shape NAME     tiny, olmoe-1b-7b, qwen15-moe-a27b, mixtral-8x7b, minicpmv-moe\n"
+    "                   (qwen2moe at the MiniCPM-V 2.6 oracle's width, 3584)\n"
     "  --type TYPE      f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K\n"
     "  -o, --output FILE  where to write the model\n"
     "  --layers N       only the first N layers (default: all of the shape's)\n"
     "  --seed S         random seed (default 1)\n"
     "  --threads N      worker threads (default: all cores)\n"
     "  --dry-run        print the tensors and the file size, write nothing\n"
+    "  --vocab FILE     with --shape: a vocab.json (tokens, token_type, merges) as the\n"
+    "                   model's byte-level BPE vocabulary (BOS <|endoftext|>, EOS\n"
+    "                   <|im_end|>), e.g. the oracle's for minicpmv-moe\n"
     "  -h, --help       show this help\n"
     "\n"
     "Presets write a fixed set of oracle files, byte for byte, into an existing DIR:\n"
@@ -234,7 +238,22 @@ int main(int argc, char** argv) {
     if (out_dir.empty()) return Fail("no output directory: give --out-dir DIR (see --help)");
     return RunPreset(*preset, out_dir, vocab);
   }
-  if (!out_dir.empty() || vocab_given) return Fail("--out-dir and --vocab need --preset NAME");
+  if (!out_dir.empty()) return Fail("--out-dir needs --preset NAME");
+  if (vocab_given) {
+    auto read = moert::synth::ReadOracleVocab(vocab);
+    if (!read.ok()) return Fail(std::string(read.status().message()));
+    SynthOptions::BpeVocab bpe;
+    bpe.tokens = read->tokens;
+    bpe.types = read->token_type;
+    bpe.merges = read->merges;
+    const auto id = [&](const char* token) {
+      auto it = std::find(bpe.tokens.begin(), bpe.tokens.end(), token);
+      return static_cast<uint32_t>(it == bpe.tokens.end() ? 0 : it - bpe.tokens.begin());
+    };
+    bpe.bos = id("<|endoftext|>");
+    bpe.eos = id("<|im_end|>");
+    o.bpe_vocab = std::move(bpe);
+  }
   if (o.shape == nullptr) return Fail("no shape: give --shape NAME (see --help)");
   if (type_name.empty()) return Fail("no type: give --type TYPE (see --help)");
   if (output.empty() && !dry_run) return Fail("no output: give -o FILE (see --help)");

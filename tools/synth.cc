@@ -43,7 +43,7 @@ using format::TensorWeightName;
 using format::TraitsOf;
 
 // The hyperparameters of the published models' config.json files.
-constexpr std::array<Shape, 4> kShapes = {{
+constexpr std::array<Shape, 5> kShapes = {{
     // The oracle model's shape (tiny-moe-shakespeare).
     {"tiny", Arch::kLlama, 256, 4, 8, 4, 8, 2, 512, 0, 2048, 256, 10000.0f, 1e-5f},
     {"olmoe-1b-7b", Arch::kOlmoe, 2048, 16, 16, 16, 64, 8, 1024, 0, 50304, 4096, 10000.0f, 1e-5f},
@@ -51,6 +51,10 @@ constexpr std::array<Shape, 4> kShapes = {{
      1000000.0f, 1e-6f},
     {"mixtral-8x7b", Arch::kLlama, 4096, 32, 32, 8, 8, 2, 14336, 0, 32000, 32768, 1000000.0f,
      1e-5f},
+    // A MoE language model of the MiniCPM-V 2.6 oracle's width (Qwen2's 3584, its heads
+    // and vocabulary size; ../shared/mmproj), small experts: images end to end on a MoE.
+    {"minicpmv-moe", Arch::kQwen2Moe, 3584, 2, 28, 4, 8, 2, 256, 512, 394, 4096, 1000000.0f,
+     1e-6f},
 }};
 
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
@@ -304,6 +308,18 @@ void SetMetadata(const SynthOptions& o, const VocabPlan& vocab, GgufWriter& w) {
   if (s.n_ff_shared_expert > 0) {
     w.SetUint32(key(ArchKey::kExpertSharedFeedForwardLength), s.n_ff_shared_expert);
   }
+  if (o.bpe_vocab) {
+    const SynthOptions::BpeVocab& b = *o.bpe_vocab;
+    w.SetString("tokenizer.ggml.model", "gpt2");
+    w.SetString("tokenizer.ggml.pre", b.pre);
+    w.SetStringArray("tokenizer.ggml.tokens", b.tokens);
+    w.SetInt32Array("tokenizer.ggml.token_type", b.types);
+    w.SetStringArray("tokenizer.ggml.merges", b.merges);
+    w.SetUint32("tokenizer.ggml.bos_token_id", b.bos);
+    w.SetUint32("tokenizer.ggml.eos_token_id", b.eos);
+    w.SetBool("tokenizer.ggml.add_bos_token", false);
+    return;
+  }
   w.SetString("tokenizer.ggml.model", "llama");
   w.SetString("tokenizer.ggml.pre", "default");
   w.SetStringArray("tokenizer.ggml.tokens", vocab.tokens);
@@ -421,6 +437,16 @@ absl::StatusOr<SynthModel> SynthModel::Plan(const SynthOptions& options) {
         StrCat("layer count ", options.n_layer, " is not a number from 1 to 4096"));
   }
   if (options.threads == 0) return absl::InvalidArgumentError("thread count 0");
+  if (options.bpe_vocab) {
+    const SynthOptions::BpeVocab& b = *options.bpe_vocab;
+    if (b.tokens.size() != options.shape->n_vocab || b.types.size() != b.tokens.size() ||
+        b.bos >= b.tokens.size() || b.eos >= b.tokens.size()) {
+      return absl::InvalidArgumentError(
+          StrCat("the vocabulary has ", b.tokens.size(), " tokens (", b.types.size(),
+                 " types, bos ", b.bos, ", eos ", b.eos, ") but shape ", options.shape->name,
+                 " needs ", options.shape->n_vocab));
+    }
+  }
   SynthModel m;
   m.options_ = options;
   if (m.options_.n_layer == 0) m.options_.n_layer = options.shape->n_layer;

@@ -68,6 +68,17 @@ struct SynthOptions {
   uint32_t n_layer = 0;  // only the first n_layer layers; 0: all of the shape's
   uint64_t seed = 1;
   unsigned threads = 1;  // worker threads generating and quantizing
+  // A byte-level BPE vocabulary (tokenizer.ggml.model gpt2) instead of the generated
+  // SentencePiece-style one; its size must be the shape's n_vocab.
+  struct BpeVocab {
+    std::string pre = "qwen2";
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    std::vector<std::string> merges;
+    uint32_t bos = 0;
+    uint32_t eos = 0;
+  };
+  std::optional<BpeVocab> bpe_vocab;
 };
 
 // One tensor of the model and how its values are drawn.

@@ -333,8 +333,12 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   std::vector<float> bias;
   if (!options.modality_bias_path.empty()) {
     MOERT_ASSIGN_OR_RETURN(bias, router::ReadModalityBias(options.modality_bias_path));
-  } else if (file.FindKey(router::kModalityBiasKey) != nullptr) {
-    MOERT_ASSIGN_OR_RETURN(bias, file.GetFloatArray(router::kModalityBiasKey));
+  } else {
+    for (const char* key : {router::kModalityBiasKey, router::kLegacyModalityBiasKey}) {
+      if (file.FindKey(key) == nullptr) continue;
+      MOERT_ASSIGN_OR_RETURN(bias, file.GetFloatArray(key));
+      break;
+    }
   }
   MOERT_RETURN_IF_ERROR(router_->SetModalityBias(std::move(bias)));
   moe_services_.router = router_.get();

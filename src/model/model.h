@@ -135,7 +135,7 @@ struct ModelLoadOptions {
   // The thermal limit, the thermal zones' root and the pressure window.
   router::ResourceMonitorOptions resource_monitor;
   // The modality bias: n_layer * n_expert numbers (whitespace-separated text), read
-  // instead of the model's `moert.router.modality_bias` metadata; empty: the metadata's
+  // instead of the model's `moert.modality_bias` metadata; empty: the metadata's
   // (none when absent).
   std::string modality_bias_path;
   // true: model::RouteToken, the plain softmax top-k, instead of the router (tests).

@@ -31,8 +31,11 @@
 
 namespace moert::router {
 
-// The model metadata key of the modality bias: n_layer * n_expert f32, layer-major.
-inline constexpr char kModalityBiasKey[] = "moert.router.modality_bias";
+// The model metadata key of the modality bias: n_layer * n_expert f32, layer-major
+// (moert-pack --modality-bias writes it). Files written before it got this name hold
+// it under kLegacyModalityBiasKey, which is still read.
+inline constexpr char kModalityBiasKey[] = "moert.modality_bias";
+inline constexpr char kLegacyModalityBiasKey[] = "moert.router.modality_bias";
 
 // A modality bias side file: whitespace-separated numbers, layer-major (the count is
 // checked against the model by Router::SetModalityBias). NotFound / InvalidArgument

@@ -2,4 +2,5 @@
 list(APPEND MOERT_SOURCES
   router/resource_monitor.cc
   router/router.cc
+  router/modality_bias.cc
 )

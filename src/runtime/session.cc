@@ -66,24 +66,20 @@ size_t CountEmbeddingPositions(std::span<const int32_t> tokens) {
   return static_cast<size_t>(std::count(tokens.begin(), tokens.end(), model::kEmbeddingToken));
 }
 
+static_assert(model::kEmbeddingToken == -1, "vision::PromptPositions writes -1 at image positions");
+
 // The vision projector's pieces -> ids and rows.
 void AppendPieces(const tokenizer::Tokenizer& tokenizer,
                   const std::vector<vision::PromptPiece>& pieces,
                   const std::vector<runtime::EncodedImage>& images, std::vector<int32_t>* tokens,
                   std::vector<runtime::EmbeddingRow>* rows) {
-  for (const vision::PromptPiece& piece : pieces) {
-    if (piece.is_text()) {
-      const std::vector<int32_t> ids =
-          tokenizer.Encode(piece.text, /*add_special=*/false, /*parse_special=*/true);
-      tokens->insert(tokens->end(), ids.begin(), ids.end());
-      continue;
-    }
-    const runtime::EncodedImage& image = images[static_cast<size_t>(piece.image)];
-    const int offset = image->slice_offset(piece.slice);
-    for (int r = 0; r < image->slice_rows(piece.slice); ++r) {
-      tokens->push_back(model::kEmbeddingToken);
-      rows->push_back({image, offset + r});
-    }
+  std::vector<const vision::ImageEmbedding*> views;
+  for (const runtime::EncodedImage& image : images) views.push_back(image.get());
+  vision::PromptPositions positions;
+  vision::AppendPromptPositions(tokenizer, pieces, views, &positions);
+  tokens->insert(tokens->end(), positions.ids.begin(), positions.ids.end());
+  for (const vision::PromptPositions::Row& r : positions.rows) {
+    rows->push_back({images[static_cast<size_t>(r.image)], r.row});
   }
 }
 

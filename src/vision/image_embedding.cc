@@ -45,6 +45,40 @@ std::vector<int> KeepLowestEntropy(const std::vector<float>& entropy, float keep
   return order;
 }
 
+void AppendPromptPositions(const tokenizer::Tokenizer& tokenizer,
+                           const std::vector<PromptPiece>& pieces,
+                           const std::vector<const ImageEmbedding*>& images,
+                           PromptPositions* out) {
+  for (const PromptPiece& piece : pieces) {
+    if (piece.is_text()) {
+      const std::vector<int32_t> ids =
+          tokenizer.Encode(piece.text, /*add_special=*/false, /*parse_special=*/true);
+      out->ids.insert(out->ids.end(), ids.begin(), ids.end());
+      continue;
+    }
+    const ImageEmbedding& image = *images[static_cast<size_t>(piece.image)];
+    const int offset = image.slice_offset(piece.slice);
+    for (int r = 0; r < image.slice_rows(piece.slice); ++r) {
+      out->ids.push_back(-1);
+      out->rows.push_back({piece.image, offset + r});
+    }
+  }
+}
+
+std::vector<float> GatherRows(const std::vector<PromptPositions::Row>& rows,
+                              const std::vector<const ImageEmbedding*>& images) {
+  std::vector<float> out;
+  if (rows.empty()) return out;
+  const size_t width = static_cast<size_t>(images[static_cast<size_t>(rows[0].image)]->width);
+  out.reserve(rows.size() * width);
+  for (const PromptPositions::Row& r : rows) {
+    const ImageEmbedding& image = *images[static_cast<size_t>(r.image)];
+    const float* row = image.rows.data() + static_cast<size_t>(r.row) * width;
+    out.insert(out.end(), row, row + width);
+  }
+  return out;
+}
+
 absl::StatusOr<ImageEmbedding> EmbedImage(VisionEncoder& encoder, const RgbImage& image,
                                           const EmbedOptions& options) {
   MOERT_RETURN_IF_ERROR(ValidateEmbedOptions(options));

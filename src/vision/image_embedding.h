@@ -4,9 +4,11 @@
 #ifndef MOERT_VISION_IMAGE_EMBEDDING_H_
 #define MOERT_VISION_IMAGE_EMBEDDING_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tokenizer/tokenizer.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
 #include "vision/prompt.h"
@@ -49,6 +51,28 @@ std::vector<int> KeepLowestEntropy(const std::vector<float>& entropy, float keep
                                    int min_keep);
 
 absl::Status ValidateEmbedOptions(const EmbedOptions& options);
+
+// A prompt's positions: token ids, and for each image position (id -1, the model's
+// kEmbeddingToken) which image and row of it.
+struct PromptPositions {
+  struct Row {
+    int image = 0;
+    int row = 0;
+  };
+  std::vector<int32_t> ids;
+  std::vector<Row> rows;
+};
+
+// The pieces (vision/prompt.h) with each text piece tokenized alone (specials
+// parsed, no BOS) and each slice's kept rows of images[piece.image], appended to *out.
+void AppendPromptPositions(const tokenizer::Tokenizer& tokenizer,
+                           const std::vector<PromptPiece>& pieces,
+                           const std::vector<const ImageEmbedding*>& images,
+                           PromptPositions* out);
+
+// The rows' embeddings, in order: rows.size() x width floats.
+std::vector<float> GatherRows(const std::vector<PromptPositions::Row>& rows,
+                              const std::vector<const ImageEmbedding*>& images);
 
 }  // namespace moert::vision
 

@@ -165,21 +165,10 @@ TEST_F(ImageChatOracleSlowTest, PromptIdsLogitsAndGreedyIdsMatchLlamaCpp) {
     ASSERT_TRUE(embedding.ok()) << embedding.status();
     auto pieces = vision::MinicpmvUserTurn(3, {embedding->layout}, "Describe the image.");
     ASSERT_TRUE(pieces.ok()) << pieces.status();
-    std::vector<int32_t> ids;
-    std::vector<float> rows;
-    for (const vision::PromptPiece& p : *pieces) {
-      if (p.is_text()) {
-        const std::vector<int32_t> t = tokenizer->Encode(p.text, false, true);
-        ids.insert(ids.end(), t.begin(), t.end());
-        continue;
-      }
-      const size_t offset = static_cast<size_t>(embedding->slice_offset(p.slice)) * 3584;
-      const size_t count = static_cast<size_t>(embedding->slice_rows(p.slice)) * 3584;
-      ids.insert(ids.end(), static_cast<size_t>(embedding->slice_rows(p.slice)),
-                 model::kEmbeddingToken);
-      rows.insert(rows.end(), embedding->rows.begin() + static_cast<std::ptrdiff_t>(offset),
-                  embedding->rows.begin() + static_cast<std::ptrdiff_t>(offset + count));
-    }
+    vision::PromptPositions positions;
+    vision::AppendPromptPositions(*tokenizer, *pieces, {&*embedding}, &positions);
+    const std::vector<int32_t>& ids = positions.ids;
+    const std::vector<float> rows = vision::GatherRows(positions.rows, {&*embedding});
     EXPECT_EQ(ids, ref.input_ids);
 
     auto cache = (*model)->NewKvCache(2048);
