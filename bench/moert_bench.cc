@@ -45,8 +45,10 @@
 #include "format/ggml_types.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "image_bench.h"
 #include "moert/version.h"
 #include "synth.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -86,6 +88,10 @@ struct Params {
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
   bool kv_half = false;  // --cache-type f16
+  // The image turn instead of pp/tg (bench/image_bench.h).
+  std::string mmproj;
+  std::string image;
+  std::vector<float> image_keep = {1.0f, 0.5f, 0.3f};
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -296,6 +302,38 @@ const std::vector<Flag>& Flags() {
          p.prefetch = values;
          return std::nullopt;
        }},
+      {"", "--mmproj", "FILE",
+       "with --image: the model's vision projector\n(llama.cpp's clip GGUF)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.mmproj = std::string(v);
+         return std::nullopt;
+       }},
+      {"", "--image", "FILE",
+       "benchmark the image turn of this PNG/JPEG instead of\npp/tg: encode ms per slice and "
+       "image, prefill t/s,\npeak RSS, and pruning's KL and greedy agreement",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.image = std::string(v);
+         return std::nullopt;
+       }},
+      {"", "--image-keep", "R[,...]",
+       "visual-token keep ratios in (0, 1] (default 1,0.5,0.3)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::vector<float> values;
+         for (std::string_view rest = v; !rest.empty();) {
+           const size_t comma = rest.find(',');
+           const std::string item(rest.substr(0, comma));
+           char* end = nullptr;
+           const float r = std::strtof(item.c_str(), &end);
+           if (item.empty() || *end != '\0' || !(r > 0 && r <= 1)) {
+             return std::string("expected ratios in (0, 1], comma-separated");
+           }
+           values.push_back(r);
+           rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+         }
+         if (values.empty()) return std::string("expected ratios in (0, 1], comma-separated");
+         p.image_keep = values;
+         return std::nullopt;
+       }},
       {"", "--prefetch-depth", "N", "prefetch for the layer N ahead (default 1)",
        IntSetter(&Params::prefetch_depth, 1, 1 << 16, "layers ahead")},
       {"", "--prefetch-protect", "N",
@@ -371,6 +409,9 @@ std::optional<UsageError> ParseArgs(int argc, char** argv, Params& p, bool* help
   if (p.n_prompt == 0 && p.n_gen == 0) return UsageError{"nothing to run: -p and -n are both 0"};
   if (p.expert_pool_mb > 0 && p.expert_pool_fraction > 0) {
     return UsageError{"give either --expert-pool-mb or --expert-pool, not both"};
+  }
+  if (p.image.empty() != p.mmproj.empty()) {
+    return UsageError{"--image and --mmproj go together"};
   }
   if (p.kv_half && p.backend == moert::model::Backend::kCpu) {
     return UsageError{"--cache-type f16 needs --backend opencl or auto (the CPU's cache is f32)"};
@@ -889,6 +930,75 @@ absl::StatusOr<std::string> MakeTempFile() {
   return path;
 }
 
+// --image: the image turn at each keep ratio (bench/image_bench.h).
+int RunImage(const Params& p, const RunInfo& info, moert::model::Model& model,
+             const moert::tokenizer::Tokenizer& tokenizer) {
+  moert::bench::ImageBenchOptions options;
+  options.mmproj = p.mmproj;
+  options.image = p.image;
+  options.keep_ratios = p.image_keep;
+  options.repetitions = p.repetitions;
+  options.threads = info.n_threads;
+  std::fprintf(stderr, "%s: image turn of %s: %d repetition(s) per keep ratio, %d thread(s)\n",
+               kTool, p.image.c_str(), p.repetitions, info.n_threads);
+  auto results = moert::bench::RunImageBench(model, tokenizer, options);
+  if (!results.ok()) return Fail(std::string(results.status().message()));
+  const auto tps = [](const moert::bench::ImageBenchResult& r) {
+    std::vector<double> v;
+    for (double ms : r.prefill_ms) v.push_back(1000.0 * r.prompt_tokens / std::max(ms, 1e-6));
+    return v;
+  };
+  if (p.output == OutputFormat::kJson) {
+    std::fputs("[\n", stdout);
+    for (size_t i = 0; i < results->size(); ++i) {
+      const moert::bench::ImageBenchResult& r = (*results)[i];
+      std::printf(
+          "  {\"build_commit\": %s, \"cpu_info\": %s, \"isa\": %s, \"model_filename\": %s, "
+          "\"mmproj\": %s, \"image\": %s, \"n_threads\": %d, \"keep_ratio\": %.3f, "
+          "\"slices\": %d, \"image_tokens\": %d, \"prompt_tokens\": %d, "
+          "\"encode_ms_per_image\": %.3f, \"encode_ms_per_slice\": %.3f, "
+          "\"encode_ms_stddev\": %.3f, \"prefill_ts\": %.3f, \"prefill_ts_stddev\": %.3f, "
+          "\"kl\": %.6g, \"greedy_agreement\": %.4f, \"top1_equal\": %d, "
+          "\"peak_rss_bytes\": %llu}%s\n",
+          JsonString(MOERT_VERSION_STRING).c_str(), JsonString(info.cpu_info).c_str(),
+          JsonString(info.isa).c_str(), JsonString(info.model.filename).c_str(),
+          JsonString(p.mmproj).c_str(), JsonString(p.image).c_str(), info.n_threads,
+          r.keep_ratio, r.slices, r.image_tokens, r.prompt_tokens, Mean(r.encode_ms),
+          Mean(r.encode_ms) / std::max(1, r.slices), StdDev(r.encode_ms), Mean(tps(r)),
+          StdDev(tps(r)), r.kl, r.greedy_agreement, r.top1_equal,
+          static_cast<unsigned long long>(r.peak_rss_bytes), i + 1 < results->size() ? "," : "");
+    }
+    std::fputs("]\n", stdout);
+  } else {
+    std::printf("| %-24s | %4s | %6s | %6s | %16s | %16s | %18s | %9s | %6s | %8s |\n", "model",
+                "keep", "slices", "tokens", "encode ms/slice", "encode ms/image", "prefill t/s",
+                "KL", "greedy", "peak RSS");
+    std::printf("| %s | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: | %s: |\n",
+                std::string(24, '-').c_str(), std::string(3, '-').c_str(),
+                std::string(5, '-').c_str(), std::string(5, '-').c_str(),
+                std::string(15, '-').c_str(), std::string(15, '-').c_str(),
+                std::string(17, '-').c_str(), std::string(8, '-').c_str(),
+                std::string(5, '-').c_str(), std::string(7, '-').c_str());
+    for (const moert::bench::ImageBenchResult& r : *results) {
+      const std::string enc = absl::StrFormat("%.1f ± %.1f", Mean(r.encode_ms) / std::max(1, r.slices),
+                                              StdDev(r.encode_ms) / std::max(1, r.slices));
+      const std::string img = absl::StrFormat("%.1f ± %.1f", Mean(r.encode_ms), StdDev(r.encode_ms));
+      const std::string pre = absl::StrFormat("%.1f ± %.1f", Mean(tps(r)), StdDev(tps(r)));
+      std::printf("| %-24s | %4.2f | %6d | %6d | %17s | %17s | %19s | %9.4f | %6.3f | %4.0f MiB |\n",
+                  info.model.type.c_str(), r.keep_ratio, r.slices, r.image_tokens, enc.c_str(),
+                  img.c_str(), pre.c_str(), r.kl, r.greedy_agreement,
+                  static_cast<double>(r.peak_rss_bytes) / (1 << 20));
+    }
+    std::printf("\nbuild: moert %s, isa %s; cpu: %s\n", MOERT_VERSION_STRING, info.isa.c_str(),
+                info.cpu_info.c_str());
+    std::printf("KL: of the first step's next-token distribution from keep 1's (nats); greedy: "
+                "share of %d greedy tokens equal to keep 1's, position by position\n",
+                moert::bench::ImageBenchOptions().greedy_tokens);
+  }
+  if (std::fflush(stdout) != 0) return Fail("cannot write the output");
+  return 0;
+}
+
 int Run(const Params& p) {
   RemoveOnExit temp_file;
   std::string path = p.model_path;
@@ -929,12 +1039,18 @@ int Run(const Params& p) {
   info.dynamic_k = p.dynamic_k;
 
   std::unique_ptr<moert::model::Model> model;
+  std::optional<moert::tokenizer::Tokenizer> tokenizer;  // the image turn's
   {
     std::fprintf(stderr, "%s: loading %s\n", kTool, path.c_str());
     const auto start = std::chrono::steady_clock::now();
     auto file = moert::format::GgufFile::Open(path);
     if (!file.ok()) return Fail(StrCat("cannot load ", path, ": ", file.status().message()));
     info.model = DescribeModel(**file, filename);
+    if (!p.image.empty()) {
+      auto tok = moert::tokenizer::Tokenizer::FromGguf(**file);
+      if (!tok.ok()) return Fail(StrCat("cannot load ", path, ": ", tok.status().message()));
+      tokenizer.emplace(std::move(*tok));
+    }
     moert::model::ModelLoadOptions options;
     options.threads = info.n_threads;
     options.memory_budget_bytes = p.memory_budget_mb << 20;
@@ -951,7 +1067,7 @@ int Run(const Params& p) {
     options.opencl_pooled_experts = p.pooled_experts;
     options.opencl_kv_half = p.kv_half;
     // Each test has its own KV cache, one after the other.
-    options.kv_cache_positions = std::max(p.n_prompt, p.n_gen);
+    options.kv_cache_positions = p.image.empty() ? std::max(p.n_prompt, p.n_gen) : 4096;
     auto loaded = moert::model::Model::Load(**file, options);
     if (!loaded.ok()) return Fail(StrCat("cannot load ", path, ": ", loaded.status().message()));
     model = std::move(*loaded);
@@ -991,6 +1107,7 @@ int Run(const Params& p) {
     }
   }
   temp_file.Remove();
+  if (!p.image.empty()) return RunImage(p, info, *model, *tokenizer);
 
   std::unique_ptr<Printer> printer;
   if (p.output == OutputFormat::kJson) {
