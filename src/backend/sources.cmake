@@ -7,6 +7,7 @@ list(APPEND MOERT_SOURCES
   backend/expert_groups.cc
   backend/backend.cc
   backend/cpu/cpu_backend.cc
+  backend/cpu/xnnpack_f32.cc
   backend/registry.cc
   backend/device_kv.cc
   backend/cpu_fallback.cc

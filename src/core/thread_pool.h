@@ -20,6 +20,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const { return threads_; }
+  // The pthreadpool behind it, for libraries that take one (XNNPACK); null: one thread.
+  pthreadpool* handle() const { return pool_; }
 
   // Calls fn(i) for every i in [0, n), spread over the threads. Calls must write
   // disjoint outputs; which thread runs which i is unspecified.

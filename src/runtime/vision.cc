@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<VisionProjector>> VisionProjector::Load(const std
   p->mmproj_ = std::move(*mmproj);
   p->pool_ = std::make_unique<backend::cpu::ThreadPool>(threads);
   p->backend_ = std::make_unique<backend::cpu::CpuBackend>(*p->pool_);
+  p->backend_->set_xnnpack_f32(true);  // the encoder's big fp32 matmuls
   auto encoder = vision::VisionEncoder::Create(p->mmproj_, *p->backend_);
   if (!encoder.ok()) return named(encoder.status());
   p->encoder_ = std::move(*encoder);

@@ -37,10 +37,12 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/xnnpack_f32.h"
 #include "backend/matrix.h"
 #include "backend/packing.h"
 #include "backend/registry.h"
@@ -1911,6 +1913,36 @@ TEST(BackendRegistryTest, ListsTheCpuFirstAndCreatesByName) {
   absl::StatusOr<std::unique_ptr<Backend>> none = CreateBackend("no-such-backend", {});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(std::string(none.status().message()).find("cpu"), std::string::npos) << none.status();
+}
+
+// The CPU backend's XNNPACK path for large fp32 batches (the vision encoder's): within
+// float rounding of the naive product and of cpu::MatMul; small batches and quantized
+// weights stay on moert's kernels, bit for bit.
+TEST(CpuXnnpackF32Test, LargeBatchesMatchTheReferenceSmallOnesAreItsBits) {
+  cpu::CpuBackend fast(2);
+  fast.set_xnnpack_f32(true);
+  cpu::CpuBackend plain(2);
+  for (const auto& [rows, cols, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {40, 64, 8}, {96, 200, 33}, {257, 96, 128}, {24, 72, 7}, {24, 72, 1}}) {
+    const std::string what = StrCat(rows, "x", cols, " n ", n);
+    const Matrix m = MakeWeight(WeightType::kF32, 1, rows, cols, 91);
+    const Floats x = RandomFloats(static_cast<size_t>(n * cols), 92);
+    absl::StatusOr<MatMulResult> got = RunMatMul(fast, m, 1, 0, x, n);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    absl::StatusOr<MatMulResult> want = RunMatMul(plain, m, 1, 0, x, n);
+    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+    EXPECT_TRUE(NmseBelow(got->y, want->y, 1e-10)) << what;
+    EXPECT_TRUE(CloseToNaive(got->y, NaiveMatMul(m.data, rows, cols, x, n))) << what;
+    if (n < cpu::XnnpackF32Gemm::kMinRows) {
+      EXPECT_EQ(got->y, want->y) << what;
+    }
+  }
+  const Matrix q = MakeWeight(WeightType::kW8, 1, 64, 64, 93);
+  const Floats x = RandomFloats(64 * 16, 94);
+  absl::StatusOr<MatMulResult> got = RunMatMul(fast, q, 1, 0, x, 16);
+  absl::StatusOr<MatMulResult> want = RunMatMul(plain, q, 1, 0, x, 16);
+  ASSERT_TRUE(got.ok() && want.ok());
+  EXPECT_EQ(got->y, want->y);
 }
 
 std::vector<std::string> RegisteredNames() {

@@ -2,6 +2,8 @@
 // qmatmul.h on host pointers.
 #include "backend/cpu/cpu_backend.h"
 
+#include "backend/cpu/xnnpack_f32.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -53,8 +55,23 @@ class CpuWeight final : public Weight {
   }
   bool packed() const { return !m_->packed.empty(); }
 
+  // XNNPACK's operator over this one-group fp32 weight, made on first use; null when
+  // XNNPACK cannot take it (the caller then runs cpu::MatMul).
+  XnnpackF32Gemm* Xnnpack() const {
+    if (!xnnpack_tried_) {
+      xnnpack_tried_ = true;
+      if (!packed() && groups() == 1) {
+        auto gemm = XnnpackF32Gemm::Create(m_->data.data(), rows(), cols());
+        if (gemm.ok()) xnnpack_ = std::move(*gemm);
+      }
+    }
+    return xnnpack_.get();
+  }
+
  private:
   const Matrix* m_;
+  mutable bool xnnpack_tried_ = false;
+  mutable std::unique_ptr<XnnpackF32Gemm> xnnpack_;
 };
 
 // `count` values of T at `ref`, checked to lie inside a host-visible buffer.
@@ -174,6 +191,12 @@ absl::Status CpuBackend::MatMuls(std::span<const MatMulArgs> jobs) {
     }
     MOERT_ASSIGN_OR_RETURN(const float* x, At<const float>(job.x, job.n * w->cols(), "matmul", "x"));
     MOERT_ASSIGN_OR_RETURN(float* y, At<float>(job.y, job.n * w->rows(), "matmul", "y"));
+    if (xnnpack_f32_ && !w->packed() && job.n >= XnnpackF32Gemm::kMinRows) {
+      if (XnnpackF32Gemm* gemm = w->Xnnpack(); gemm != nullptr) {
+        MOERT_RETURN_IF_ERROR(gemm->Run(x, job.n, y, pool_->handle()));
+        continue;
+      }
+    }
     cpu_jobs.push_back({w->View(job.group), x, job.n, y});
   }
   cpu::MatMuls(*pool_, cpu_jobs);

@@ -19,6 +19,10 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads);
 
   ThreadPool& pool() { return *pool_; }
+  // Large-batch fp32 matmuls (F32 weights, at least XnnpackF32Gemm::kMinRows rows)
+  // through XNNPACK (backend/cpu/xnnpack_f32.h): faster, but not the reference's bits,
+  // so off by default; the vision encoder's backend turns it on.
+  void set_xnnpack_f32(bool on) { xnnpack_f32_ = on; }
 
   std::string_view name() const override { return "CPU"; }
   DeviceDescription device() const override;
@@ -72,6 +76,7 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_;
+  bool xnnpack_f32_ = false;
 };
 
 // The matrix view of group `group` of a CPU weight (tests, the MoE scheduler's host
