@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -230,6 +231,25 @@ TEST_F(ImageChatOracleSlowTest, GeneratedBytesEqualMinicpmvCli) {
     EXPECT_EQ(stats.image_tokens,
               static_cast<int>(std::count(ref.input_ids.begin(), ref.input_ids.end(), -1)));
     EXPECT_EQ(stats.prompt_tokens, static_cast<int>(ref.input_ids.size()));
+  }
+}
+
+// moert-chat itself: its stdout is minicpmv-cli's bytes (without the cli's closing
+// newline), for each image.
+TEST_F(ImageChatOracleSlowTest, MoertChatPrintsMinicpmvClisBytes) {
+  for (const char* name : kImages) {
+    SCOPED_TRACE(name);
+    const std::string cmd = std::string(MOERT_CHAT_BINARY) + " -m " + *llm_ + " --mmproj " +
+                            *mmproj_ + " --image " + kShared + name +
+                            " -p 'Describe the image.' -n 16 --temp 0 -t 2 2>/dev/null";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buf[256];
+    size_t got = 0;
+    while ((got = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, got);
+    EXPECT_EQ(pclose(pipe), 0);
+    EXPECT_EQ(out, ref_->at(name).cli_bytes);
   }
 }
 
