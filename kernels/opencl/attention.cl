@@ -1,4 +1,6 @@
-// Causal grouped-query attention over the KV cache (model::Attention): one work-group
+// Causal grouped-query attention over the KV cache (model::Attention), or with
+// full_kv > 0 attention without a mask, every query over keys 0 .. full_kv - 1
+// (Backend::FullAttention: a vision tower, a resampler): one work-group
 // (power-of-two size) per (query head h, query t at position pos0 + t). Query head h
 // reads KV head h / (n_head / n_head_kv). The scores of positions 0 .. pos0 + t go to
 // `scores` (a row of scores_stride floats per (t, h)); softmax as the CPU computes it
@@ -19,14 +21,14 @@ __kernel void attention(__global const uchar* q_base, ulong q_off, __global cons
                         ulong k_off, __global const uchar* v_base, ulong v_off,
                         __global uchar* out_base, ulong out_off, __global uchar* s_base,
                         ulong s_off, int n_head, int n_head_kv, int dk, int dv, int pos0,
-                        int scores_stride, float scale, __local float* red) {
+                        int scores_stride, float scale, int full_kv, __local float* red) {
   const int h = (int)get_group_id(0);
   const int t = (int)get_group_id(1);
   const int lid = (int)get_local_id(0);
   const int n = (int)get_local_size(0);
   const int group = n_head / n_head_kv;
   const int g = h / group;
-  const int n_kv = pos0 + t + 1;
+  const int n_kv = full_kv > 0 ? full_kv : pos0 + t + 1;
   const size_t k_row = (size_t)n_head_kv * dk;
   const size_t v_row = (size_t)n_head_kv * dv;
   __global const float* qh = (__global const float*)(q_base + q_off) + ((size_t)t * n_head + h) * dk;

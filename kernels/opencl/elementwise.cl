@@ -80,3 +80,37 @@ __kernel void to_half(__global const uchar* x_base, ulong x_off, __global uchar*
   vstore_half_rte(((__global const float*)(x_base + x_off))[i], (size_t)i,
                   (__global half*)(y_base + y_off));
 }
+
+// x rounded to the nearest IEEE half value (ties to even), kept as a float: the
+// spacing of halves at x's binade (2^-24 below the normal range), then rint. Exact
+// for |x| below 65504 (no half type needed: cl_khr_fp16 is optional).
+static inline float round_to_half(float x) {
+  const int e = max(ilogb(x), -14);
+  const float spacing = ldexp(1.0f, e - 10);
+  return rint(x / spacing) * spacing;
+}
+
+// y[i] = gelu(x[i]) as ggml's fp16 table gives it (cpu::Gelu): 0 at or below -10, x at
+// or above 10, else half(gelu(half(x))) with the tanh approximation; y may be x. The
+// device's exp stands in for the CPU's tanh, so a value can land one half-ulp from the
+// CPU's.
+__kernel void gelu(__global const uchar* x_base, ulong x_off, __global uchar* y_base, ulong y_off,
+                   int count) {
+  const int i = (int)get_global_id(0);
+  if (i >= count) return;
+  const float x = ((__global const float*)(x_base + x_off))[i];
+  float y;
+  if (x <= -10.0f) {
+    y = 0.0f;
+  } else if (x >= 10.0f) {
+    y = x;
+  } else {
+    const float h = round_to_half(x);
+    const float u = 0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h);
+    // tanh through exp: it reaches exactly +-1 where the correctly rounded tanh does
+    // (builtin tanh may stop one ulp short, and 1 + tanh(u) near -1 magnifies that).
+    const float t = copysign(1.0f - 2.0f / (exp(2.0f * fabs(u)) + 1.0f), u);
+    y = round_to_half(0.5f * h * (1.0f + t));
+  }
+  ((__global float*)(y_base + y_off))[i] = y;
+}

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu_fallback.h"
+#include "backend/registry.h"
 #include "format/gguf.h"
 #include "vision/oracle_files.h"
 #include "vision/encoder.h"
@@ -196,6 +198,40 @@ TEST(SincosPositions, AreTheColumnThenTheRowsSinesAndCosines) {
   EXPECT_NEAR(t[12 + 1], std::cos(1 * 0.1f), 1e-6);
   EXPECT_EQ(p[0], 0.0f);  // token 0, d 0: sin(0)
   EXPECT_EQ(p[4], 1.0f);  // cos(0)
+}
+
+// The same encoder over the OpenCL backend (PoCL here; the ops OpenCL lacks run on the
+// CPU through CpuFallbackBackend): test_small.png's slice within 1e-4 of the largest
+// |value| of the CPU's embedding, and the same pruning entropies to 1e-4.
+TEST_F(EncoderOracleSlowTest, OpenClEncodesAsTheCpuDoes) {
+  backend::BackendOptions options;
+  options.allow_cpu_device = true;
+  auto device = backend::CreateBackend("opencl", options);
+  if (!device.ok()) GTEST_SKIP() << "no OpenCL device: " << device.status();
+  backend::cpu::CpuBackend cpu(2);
+  backend::CpuFallbackBackend opencl(std::move(*device), cpu);
+  auto on_device = VisionEncoder::Create(*mmproj_, opencl);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  auto on_cpu = VisionEncoder::Create(*mmproj_, cpu);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  auto image = DecodeImageFile(kDir + "test_small.png");
+  ASSERT_TRUE(image.ok());
+  const MmprojHparams& h = mmproj_->hparams;
+  auto pre = Preprocess(*image, {h.image_mean, h.image_std});
+  ASSERT_TRUE(pre.ok());
+  std::vector<float> got, want, got_entropy, want_entropy;
+  ASSERT_TRUE((*on_device)->EncodeSlice(pre->slices[0], &got, &got_entropy).ok());
+  ASSERT_TRUE((*on_cpu)->EncodeSlice(pre->slices[0], &want, &want_entropy).ok());
+  ASSERT_EQ(got.size(), want.size());
+  float max_abs = 0;
+  for (float v : want) max_abs = std::max(max_abs, std::fabs(v));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-4f * max_abs) << "value " << i;
+  }
+  ASSERT_EQ(got_entropy.size(), want_entropy.size());
+  for (size_t i = 0; i < got_entropy.size(); ++i) {
+    EXPECT_NEAR(got_entropy[i], want_entropy[i], 1e-4f) << "token " << i;
+  }
 }
 
 }  // namespace

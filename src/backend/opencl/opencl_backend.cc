@@ -85,9 +85,6 @@ class OpenClBackend final : public Backend {
                type == WeightType::kW8;
       case Op::kFusedMoe:
         return type == WeightType::kW4 || type == WeightType::kW8;
-      case Op::kLayerNorm:
-      case Op::kGelu:
-      case Op::kFullAttention:
       case Op::kAttentionEntropy:
       case Op::kGatedAdd:
         return false;  // no kernels yet: the CPU runs them
@@ -130,9 +127,14 @@ class OpenClBackend final : public Backend {
     MOERT_ASSIGN_OR_RETURN(BufferRef yr, Ref(y, "rms_norm"));
     return opencl::RmsNorm(*device_, xr, n_rows, width, wr, eps, yr);
   }
-  absl::Status LayerNorm(TensorRef, int64_t, int64_t, TensorRef, TensorRef, float,
-                         TensorRef) override {
-    return Unsupported(Op::kLayerNorm);
+  absl::Status LayerNorm(TensorRef x, int64_t n_rows, int64_t width, TensorRef weight,
+                         TensorRef bias, float eps, TensorRef y) override {
+    MOERT_ASSIGN_OR_RETURN(BufferRef xr, Ref(x, "layer_norm"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef wr, Ref(weight, "layer_norm"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef br, Ref(bias, "layer_norm"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef yr, Ref(y, "layer_norm"));
+    if (wr.empty()) return absl::InvalidArgumentError("OpenCL layer_norm: no weight");
+    return opencl::LayerNorm(*device_, xr, n_rows, width, wr, br, eps, yr);
   }
   absl::Status Rope(const backend::RopeArgs& rope, int64_t pos0, int64_t n, int n_heads, int head_dim,
                     TensorRef x) override {
@@ -160,9 +162,20 @@ class OpenClBackend final : public Backend {
     MOERT_ASSIGN_OR_RETURN(BufferRef outr, Ref(out, "attention"));
     return opencl::Attention(*device_, args, qr, n, pos0, kr, vr, outr, scratch_);
   }
-  absl::Status FullAttention(const backend::AttentionArgs&, TensorRef, int64_t, TensorRef,
-                             TensorRef, int64_t, TensorRef) override {
-    return Unsupported(Op::kFullAttention);
+  absl::Status FullAttention(const backend::AttentionArgs& shape, TensorRef q, int64_t n,
+                             TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) override {
+    if (shape.kv_half) return Unsupported(Op::kFullAttention);
+    opencl::AttentionArgs args;
+    args.n_head = shape.n_head;
+    args.n_head_kv = shape.n_head_kv;
+    args.head_dim_k = shape.head_dim_k;
+    args.head_dim_v = shape.head_dim_v;
+    args.scale = shape.scale;
+    MOERT_ASSIGN_OR_RETURN(BufferRef qr, Ref(q, "full_attention"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef kr, Ref(k, "full_attention"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef vr, Ref(v, "full_attention"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef outr, Ref(out, "full_attention"));
+    return opencl::FullAttention(*device_, args, qr, n, kr, vr, n_kv, outr, scratch_);
   }
   absl::Status AttentionEntropy(const backend::AttentionArgs&, TensorRef, int64_t, TensorRef,
                                 int64_t, TensorRef) override {
@@ -178,7 +191,11 @@ class OpenClBackend final : public Backend {
     MOERT_ASSIGN_OR_RETURN(BufferRef ur, Ref(u, "silu_mul"));
     return opencl::SiluMul(*device_, gr, ur, count);
   }
-  absl::Status Gelu(TensorRef, int64_t, TensorRef) override { return Unsupported(Op::kGelu); }
+  absl::Status Gelu(TensorRef x, int64_t count, TensorRef y) override {
+    MOERT_ASSIGN_OR_RETURN(BufferRef xr, Ref(x, "gelu"));
+    MOERT_ASSIGN_OR_RETURN(BufferRef yr, Ref(y, "gelu"));
+    return opencl::Gelu(*device_, xr, count, yr);
+  }
   absl::Status GatedAdd(TensorRef, TensorRef, TensorRef, int64_t, int64_t) override {
     return Unsupported(Op::kGatedAdd);
   }

@@ -377,10 +377,78 @@ absl::Status Attention(Device& device, const AttentionArgs& s, BufferRef q, int6
   const size_t local = Pow2Group(device, device.variant().row_wg);
   MOERT_RETURN_IF_ERROR(SetArgs(kernel, q, k_cache, v_cache, out, scores, s.n_head, s.n_head_kv,
                                 s.head_dim_k, s.head_dim_v, static_cast<int>(pos0),
-                                static_cast<int>(n_kv), s.scale, Local{local * sizeof(float)}));
+                                static_cast<int>(n_kv), s.scale, 0, Local{local * sizeof(float)}));
   const size_t global[2] = {heads * local, static_cast<size_t>(n)};
   const size_t locals[2] = {local, 1};
   return Launch(device, kernel, "attention", 2, global, locals);
+}
+
+absl::Status FullAttention(Device& device, const AttentionArgs& s, BufferRef q, int64_t n,
+                           BufferRef k, BufferRef v, int64_t n_kv, BufferRef out,
+                           Scratch& scratch) {
+  if (n <= 0 || n_kv <= 0 || s.kv_half || s.n_head <= 0 || s.n_head_kv <= 0 ||
+      s.n_head % s.n_head_kv != 0 || s.head_dim_k <= 0 || s.head_dim_v <= 0 ||
+      n > std::numeric_limits<int>::max() || n_kv > std::numeric_limits<int>::max() / 2) {
+    return absl::InvalidArgumentError(StrCat("OpenCL full_attention: n_head ", s.n_head,
+                                             ", n_head_kv ", s.n_head_kv, ", dims ", s.head_dim_k,
+                                             "/", s.head_dim_v, ", n ", n, ", n_kv ", n_kv));
+  }
+  const size_t heads = static_cast<size_t>(s.n_head);
+  const size_t kv_heads = static_cast<size_t>(s.n_head_kv);
+  const size_t dk = static_cast<size_t>(s.head_dim_k), dv = static_cast<size_t>(s.head_dim_v);
+  const size_t keys = static_cast<size_t>(n_kv);
+  MOERT_RETURN_IF_ERROR(CheckRange(q, static_cast<size_t>(n) * heads * dk * 4, "full_attention q"));
+  MOERT_RETURN_IF_ERROR(CheckRange(k, keys * kv_heads * dk * 4, "full_attention k"));
+  MOERT_RETURN_IF_ERROR(CheckRange(v, keys * kv_heads * dv * 4, "full_attention v"));
+  MOERT_RETURN_IF_ERROR(
+      CheckRange(out, static_cast<size_t>(n) * heads * dv * 4, "full_attention out"));
+  MOERT_ASSIGN_OR_RETURN(BufferRef scores,
+                         scratch.Get(device, 2, static_cast<size_t>(n) * heads * keys * 4));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("attention", "attention", ""));
+  const size_t local = Pow2Group(device, device.variant().row_wg);
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, q, k, v, out, scores, s.n_head, s.n_head_kv, s.head_dim_k,
+                                s.head_dim_v, 0, static_cast<int>(n_kv), s.scale,
+                                static_cast<int>(n_kv), Local{local * sizeof(float)}));
+  const size_t global[2] = {heads * local, static_cast<size_t>(n)};
+  const size_t locals[2] = {local, 1};
+  return Launch(device, kernel, "full_attention", 2, global, locals);
+}
+
+absl::Status LayerNorm(Device& device, BufferRef x, int64_t n_rows, int64_t width, BufferRef weight,
+                       BufferRef bias, float eps, BufferRef y) {
+  if (n_rows <= 0 || width <= 0 || n_rows > std::numeric_limits<int>::max() ||
+      width > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL layer_norm: ", n_rows, " rows of ", width));
+  }
+  const size_t bytes = static_cast<size_t>(n_rows * width) * 4;
+  MOERT_RETURN_IF_ERROR(CheckRange(x, bytes, "layer_norm input"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, bytes, "layer_norm output"));
+  MOERT_RETURN_IF_ERROR(CheckRange(weight, static_cast<size_t>(width) * 4, "layer_norm weight"));
+  const bool has_bias = !bias.empty();
+  if (has_bias) {
+    MOERT_RETURN_IF_ERROR(CheckRange(bias, static_cast<size_t>(width) * 4, "layer_norm bias"));
+  }
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("layer_norm", "layer_norm"));
+  const size_t local = Pow2Group(device, device.variant().row_wg);
+  // Without a bias the kernel never reads it: the weight stands in for the argument.
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, weight, has_bias ? bias : weight,
+                                static_cast<int>(has_bias), y, static_cast<int>(width), eps,
+                                Local{local * sizeof(float)}));
+  const size_t global = static_cast<size_t>(n_rows) * local;
+  return Launch(device, kernel, "layer_norm", 1, &global, &local);
+}
+
+absl::Status Gelu(Device& device, BufferRef x, int64_t count, BufferRef y) {
+  if (count <= 0 || count > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(StrCat("OpenCL gelu: count ", count));
+  }
+  MOERT_RETURN_IF_ERROR(CheckRange(x, static_cast<size_t>(count) * 4, "gelu x"));
+  MOERT_RETURN_IF_ERROR(CheckRange(y, static_cast<size_t>(count) * 4, "gelu y"));
+  MOERT_ASSIGN_OR_RETURN(cl_kernel kernel, device.programs().Kernel("elementwise", "gelu"));
+  const size_t local = Pow2Group(device, 64);
+  MOERT_RETURN_IF_ERROR(SetArgs(kernel, x, y, static_cast<int>(count)));
+  const size_t global = (static_cast<size_t>(count) + local - 1) / local * local;
+  return Launch(device, kernel, "gelu", 1, &global, &local);
 }
 
 absl::Status TopKRoute(Device& device, BufferRef logits, int64_t n, int n_expert, int k,

@@ -153,6 +153,15 @@ absl::Status AddBias(Device& device, BufferRef y, BufferRef b, int64_t n, int64_
 
 // g[i] = silu(g[i]) * u[i] for i < count.
 absl::Status SiluMul(Device& device, BufferRef g, BufferRef u, int64_t count);
+// cpu::Gelu (ggml's fp16-table values) of count floats; y may be x.
+absl::Status Gelu(Device& device, BufferRef x, int64_t count, BufferRef y);
+// cpu::LayerNorm over n_rows rows of width; bias may be empty; y may be x.
+absl::Status LayerNorm(Device& device, BufferRef x, int64_t n_rows, int64_t width, BufferRef weight,
+                       BufferRef bias, float eps, BufferRef y);
+// Attention without a mask: each of the n queries over all n_kv keys (fp32 k and v).
+absl::Status FullAttention(Device& device, const AttentionArgs& shape, BufferRef q, int64_t n,
+                           BufferRef k, BufferRef v, int64_t n_kv, BufferRef out,
+                           Scratch& scratch);
 
 // dst row r = src row idx[r] (int32 idx on the device, each < src_rows) for r < n; an
 // index outside [0, src_rows) gives a NaN row (the kernel never reads outside src).
