@@ -149,13 +149,7 @@ class OpenClBackend final : public Backend {
   }
   absl::Status Attention(const backend::AttentionArgs& shape, TensorRef q, int64_t n, int64_t pos0,
                          TensorRef k_cache, TensorRef v_cache, TensorRef out) override {
-    opencl::AttentionArgs args;
-    args.n_head = shape.n_head;
-    args.n_head_kv = shape.n_head_kv;
-    args.head_dim_k = shape.head_dim_k;
-    args.head_dim_v = shape.head_dim_v;
-    args.scale = shape.scale;
-    args.kv_half = shape.kv_half;
+    const opencl::AttentionArgs args = ClArgs(shape);
     MOERT_ASSIGN_OR_RETURN(BufferRef qr, Ref(q, "attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef kr, Ref(k_cache, "attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef vr, Ref(v_cache, "attention"));
@@ -165,12 +159,7 @@ class OpenClBackend final : public Backend {
   absl::Status FullAttention(const backend::AttentionArgs& shape, TensorRef q, int64_t n,
                              TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) override {
     if (shape.kv_half) return Unsupported(Op::kFullAttention);
-    opencl::AttentionArgs args;
-    args.n_head = shape.n_head;
-    args.n_head_kv = shape.n_head_kv;
-    args.head_dim_k = shape.head_dim_k;
-    args.head_dim_v = shape.head_dim_v;
-    args.scale = shape.scale;
+    const opencl::AttentionArgs args = ClArgs(shape);
     MOERT_ASSIGN_OR_RETURN(BufferRef qr, Ref(q, "full_attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef kr, Ref(k, "full_attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef vr, Ref(v, "full_attention"));
@@ -246,6 +235,16 @@ class OpenClBackend final : public Backend {
           StrCat("OpenCL backend ", op, ": a buffer of another backend (or none)"));
     }
     return static_cast<ClBuffer*>(b);
+  }
+  static opencl::AttentionArgs ClArgs(const backend::AttentionArgs& shape) {
+    opencl::AttentionArgs args;
+    args.n_head = shape.n_head;
+    args.n_head_kv = shape.n_head_kv;
+    args.head_dim_k = shape.head_dim_k;
+    args.head_dim_v = shape.head_dim_v;
+    args.scale = shape.scale;
+    args.kv_half = shape.kv_half;
+    return args;
   }
   // The device place of `t` (empty for an empty ref).
   absl::StatusOr<BufferRef> Ref(TensorRef t, std::string_view op) {
