@@ -1,6 +1,7 @@
 // The A8 activation quantizers: every ISA variant gives the scalar reference's bytes,
 // and the reference meets the definition in kernels/ukernel.h (scale amax / 127,
 // round half to even, the sum of the values).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -29,6 +30,30 @@ std::vector<float> Inputs(size_t k, uint32_t seed) {
     for (size_t j = 96; j < 128; ++j) x[j] = (j % 2 ? 1e30f : -1e-30f);
   }
   return x;
+}
+
+// kernels/ukernel.h's definition of A8 quantization, written out here (not the scalar
+// kernel): amax, d = amax / 127, id = 1 / d (0 for d 0), q = round-half-even(x * id).
+std::vector<moert_a8_block> NaiveQuant(const std::vector<float>& x) {
+  std::vector<moert_a8_block> out(x.size() / 32);
+  for (size_t b = 0; b < out.size(); ++b) {
+    float amax = 0.0f;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t s = 0;
+    for (size_t j = 0; j < 32; ++j) {
+      const float v = x[b * 32 + j] * id;
+      float r = std::floor(v);
+      const float frac = v - r;
+      if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
+      out[b].qs[j] = static_cast<int8_t>(r);
+      s += static_cast<int32_t>(r);
+    }
+    out[b].d = d;
+    out[b].s = s;
+  }
+  return out;
 }
 
 TEST(Q8QuantReferenceTest, MatchesDefinition) {
@@ -83,6 +108,14 @@ TEST_P(Q8QuantTest, MatchesScalarBitForBit) {
     moert_q8_quant_ukernel__scalar(k, x.data(), want.data());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(moert_a8_block)), 0)
         << IsaName(GetParam()) << " k=" << k;
+    // And the definition, so that the scalar variant is not only compared with itself.
+    const std::vector<moert_a8_block> naive = NaiveQuant(x);
+    for (size_t b = 0; b < naive.size(); ++b) {
+      EXPECT_EQ(got[b].d, naive[b].d) << IsaName(GetParam()) << " k=" << k << " block " << b;
+      EXPECT_EQ(got[b].s, naive[b].s) << IsaName(GetParam()) << " k=" << k << " block " << b;
+      EXPECT_EQ(std::memcmp(got[b].qs, naive[b].qs, 32), 0)
+          << IsaName(GetParam()) << " k=" << k << " block " << b;
+    }
   }
 }
 
@@ -110,6 +143,10 @@ TEST_P(Q8QuantTest, TiesMatchScalar) {
   EXPECT_EQ(want[0].qs[3], 2);
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(moert_a8_block)), 0)
       << IsaName(GetParam());
+  const std::vector<moert_a8_block> naive = NaiveQuant(x);
+  for (size_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(std::memcmp(got[b].qs, naive[b].qs, 32), 0) << IsaName(GetParam()) << " block " << b;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,

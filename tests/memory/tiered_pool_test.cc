@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -19,9 +20,14 @@ using ::testing::HasSubstr;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 
+// The machine's page size (4 KiB on most x86 machines, 16 KiB on recent Android).
+const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+
+uint64_t RoundUpToPage(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+
 // Pages of [p, p + bytes) that the kernel reports resident.
 uint64_t ResidentPages(const void* p, uint64_t bytes) {
-  const uint64_t page = 4096;
+  const uint64_t page = kPage;
   const auto begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{page - 1};
   const auto end = reinterpret_cast<uintptr_t>(p) + bytes;
   std::vector<unsigned char> vec((end - begin + page - 1) / page);
@@ -86,7 +92,7 @@ TEST(TieredPoolTest, ExpertCommitAndGiveBackAreObservable) {
   uint8_t* data = pool->ExpertData(block->offset);
   EXPECT_RESIDENT(data, block->size, 0u);  // committed, not yet touched
   std::memset(data, 0xab, block->size);
-  EXPECT_RESIDENT(data, block->size, block->size / 4096);
+  EXPECT_RESIDENT(data, block->size, block->size / kPage);
   const uint64_t offset = block->offset;
   pool->FreeExpert(offset);
   EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
@@ -123,13 +129,13 @@ TEST(TieredPoolTest, PersistentArenaBumpsAndCommitsPages) {
   auto a = pool->AllocatePersistent(100);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(*a) % 64, 0u);
-  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, 4096u);
+  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, kPage);
   auto b = pool->AllocatePersistent(10000, 4096);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(*b) % 4096, 0u);
   EXPECT_EQ(*b, *a + 4096);
   EXPECT_EQ(pool->stats(Tier::kPersistent).used, 4096u + 10000u);
-  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, 4096u * 4);
+  EXPECT_EQ(pool->stats(Tier::kPersistent).committed, RoundUpToPage(4096u + 10000u));
   std::memset(*b, 1, 10000);  // writable
   EXPECT_TRUE(pool->Contains(Tier::kPersistent, *b, 10000));
   auto failed = pool->AllocatePersistent(1 * kMiB);

@@ -261,6 +261,10 @@ TEST(Prefetch, LoaderFaultsDuringPrefetchDoNotLeakOrHang) {
   if (!s.ok()) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_EQ((*kv)->size(), 0);
+  } else {
+    // A success is a right answer: the retries loaded every expert.
+    EXPECT_EQ((*kv)->size(), static_cast<int>(prompt.size()));
+    EXPECT_TRUE(SameBits(logits, want.prefill));
   }
   EXPECT_EQ(model->memory_stats().pool.pinned_experts, 0u);
   for (int e = 0; e < 8; ++e) cache->loader().InjectFault(2, e, experts::LoaderFault::kIoError, 0);

@@ -79,11 +79,14 @@ TEST(MemoryBudgetTest, PoolGivesTheSameTokensAndReportsItsFigures) {
     EXPECT_GT(s.budget_bytes, s.expert_pool_bytes);
     EXPECT_GT(s.expert_pool_used_bytes, 0);
     EXPECT_EQ(s.expert_pool_used_bytes + s.expert_pool_free_bytes, s.expert_pool_bytes);
-    EXPECT_GE(s.expert_pool_fragmentation, 0.0);
-    EXPECT_GE(s.expert_hit_rate, 0.0);
+    // A fraction; 1 would mean no free block at all in a pool with free bytes.
+    EXPECT_TRUE(s.expert_pool_fragmentation >= 0.0 && s.expert_pool_fragmentation < 1.0)
+        << s.expert_pool_fragmentation;
+    // A quarter of the experts resident: some needed ones are there, some are not.
+    EXPECT_GT(s.expert_hit_rate, 0.0);
     EXPECT_LT(s.expert_hit_rate, 1.0);
     EXPECT_GT(s.expert_bytes_read_per_token, 0.0);
-    EXPECT_GE(s.expert_stall_ms_per_token, 0.0);
+    EXPECT_GT(s.expert_stall_ms_per_token, 0.0);  // misses wait for their reads
     EXPECT_GT(s.peak_rss_bytes, 0);
   }
 }
