@@ -164,6 +164,9 @@ typedef struct moert_memory_stats {
 /** Called while a model loads with the fraction done, rising to exactly 1.0. */
 typedef void (*moert_progress_callback)(float progress, void* user_data);
 
+/** As moert_progress_callback; return 0 to go on, non-zero to cancel the load. */
+typedef int (*moert_cancellable_progress_callback)(float progress, void* user_data);
+
 /** Called once per generated token with the NUL-terminated text that became final
  * with it (may be "", while a possible stop string or a partial UTF-8 character is
  * held back) and the token id, and once more with token -1 for text still held back
@@ -199,6 +202,13 @@ MOERT_API const char* moert_last_error(const moert_runtime* runtime);
  * NULL. Errors name the file and what is wrong with it. */
 MOERT_API moert_status moert_runtime_load_model(moert_runtime* runtime, const char* path,
                                                 moert_progress_callback progress, void* user_data);
+
+/** As moert_runtime_load_model, with a progress callback that may cancel: when it
+ * returns non-zero the load stops before the next tensor and returns MOERT_CANCELLED;
+ * the model loaded before stays. */
+MOERT_API moert_status moert_runtime_load_model_cancellable(
+    moert_runtime* runtime, const char* path, moert_cancellable_progress_callback progress,
+    void* user_data);
 
 /** The context length sessions of the loaded model get; MOERT_FAILED_PRECONDITION
  * when no model is loaded. */

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -321,8 +322,36 @@ struct GenerationStats {
 // cancel generation.
 using TokenCallback = std::function<bool(std::string_view piece, int32_t token)>;
 
-// Called while a model loads with the fraction done, rising to exactly 1.
-using ProgressCallback = std::function<void(float fraction)>;
+// Called while a model loads with the fraction done, rising to exactly 1. A callable
+// returning bool may return false to cancel the load (LoadModel then returns
+// kCancelled and the model loaded before stays); one returning void never cancels.
+class ProgressCallback {
+ public:
+  ProgressCallback() = default;
+  template <typename F,
+            typename = std::enable_if_t<std::is_invocable_v<F&, float> &&
+                                        !std::is_same_v<std::decay_t<F>, ProgressCallback>>>
+  ProgressCallback(F f)  // NOLINT: callables convert, as to std::function
+      : fn_(Wrap(std::move(f))) {}
+
+  // true: go on.
+  bool operator()(float fraction) const { return fn_ ? fn_(fraction) : true; }
+  explicit operator bool() const { return static_cast<bool>(fn_); }
+
+ private:
+  template <typename F>
+  static std::function<bool(float)> Wrap(F f) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, float>>) {
+      return [f = std::move(f)](float x) mutable {
+        f(x);
+        return true;
+      };
+    } else {
+      return [f = std::move(f)](float x) mutable { return static_cast<bool>(f(x)); };
+    }
+  }
+  std::function<bool(float)> fn_;
+};
 
 // A conversation: chat history plus the KV cache of everything said so far, so each
 // turn only evaluates its new tokens.

@@ -287,6 +287,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     MOERT_RETURN_IF_ERROR(SetUpExpertPool(file, options));
   }
   WeightLoader loader(file, options.progress, options.quantized_kernels);
+  loader.set_cancel(options.cancel);
   if (expert_cache_ != nullptr) {
     loader.set_skip_routed_experts(true);
     loader.set_release_pages(true);

@@ -5,6 +5,7 @@
 #ifndef MOERT_MODEL_MODEL_H_
 #define MOERT_MODEL_MODEL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,6 +83,9 @@ struct ModelLoadOptions {
   std::optional<kernels::Isa> isa;
   // Called during loading with the fraction done in [0, 1].
   std::function<void(float)> progress;
+  // Set to true (from any thread, or from `progress`) to stop loading: Load returns
+  // Cancelled before the next tensor is read.
+  const std::atomic<bool>* cancel = nullptr;
   // Called during Forward, on the calling thread, with each layer's feed-forward
   // input (the normed residual stream the router and the experts multiply):
   // `n_tokens` rows of n_embd values. For calibration (moert-pack --calib); may be

@@ -26,6 +26,9 @@ WeightLoader::WeightLoader(const format::GgufFile& file, std::function<void(floa
 
 absl::StatusOr<const format::GgufTensorInfo*> WeightLoader::Find(const std::string& name,
                                                                    int64_t n) {
+  if (cancel_ != nullptr && cancel_->load()) {
+    return absl::CancelledError(StrCat(file_.name(), ": loading cancelled"));
+  }
   const format::GgufTensorInfo* t = file_.FindTensor(name);
   if (t == nullptr) {
     return absl::InvalidArgumentError(StrCat(file_.name(), ": missing tensor '", name, "'"));

@@ -5,6 +5,7 @@
 #ifndef MOERT_MODEL_WEIGHTS_H_
 #define MOERT_MODEL_WEIGHTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -25,6 +26,8 @@ class WeightLoader {
                bool pack = false);
 
   bool Has(const std::string& name) const { return file_.FindTensor(name) != nullptr; }
+  // Set: every tensor read after it is true fails with Cancelled (ModelLoadOptions::cancel).
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
 
   // Measure mode: every call checks its tensor as usual but reads nothing and leaves
   // its output empty; measured_bytes() sums what the calls would have allocated.
@@ -66,6 +69,7 @@ class WeightLoader {
 
   const format::GgufFile& file_;
   std::function<void(float)> progress_;
+  const std::atomic<bool>* cancel_ = nullptr;
   bool pack_ = false;
   uint64_t total_bytes_ = 0;
   uint64_t done_bytes_ = 0;

@@ -229,6 +229,21 @@ moert_status moert_runtime_load_model(moert_runtime* runtime, const char* path,
   });
 }
 
+moert_status moert_runtime_load_model_cancellable(moert_runtime* runtime, const char* path,
+                                                  moert_cancellable_progress_callback progress,
+                                                  void* user_data) {
+  constexpr char kName[] = "moert_runtime_load_model_cancellable";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    if (path == nullptr) return NullArgument(&runtime->last_error, kName, "path");
+    moert::ProgressCallback callback;
+    if (progress != nullptr) {
+      callback = [progress, user_data](float fraction) { return progress(fraction, user_data) == 0; };
+    }
+    return Report(&runtime->last_error, runtime->runtime->LoadModel(path, callback));
+  });
+}
+
 moert_status moert_runtime_context_length(const moert_runtime* runtime, int32_t* context_length) {
   constexpr char kName[] = "moert_runtime_context_length";
   if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");

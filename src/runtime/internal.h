@@ -4,6 +4,7 @@
 #ifndef MOERT_RUNTIME_INTERNAL_H_
 #define MOERT_RUNTIME_INTERNAL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -162,6 +163,8 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   std::vector<CachedImage> image_cache_;
   // The request's share of image positions (the routing lambda's; 0 for text).
   float image_share_ = 0;
+  // The running request's cancel flag (checked between prefill chunks); null outside.
+  const std::atomic<bool>* cancel_ = nullptr;
   std::vector<float> logits_;
   GenerationStats stats_;
   int64_t evaluated_tokens_ = 0;  // tokens run through the model by this Generate

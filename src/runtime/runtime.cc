@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -67,8 +68,10 @@ class ProgressReporter {
     if (!callback_) return;
     if (!(fraction >= last_)) return;  // also drops NaN
     last_ = std::min(fraction, kBeforeDone);
-    callback_(last_);
+    if (!callback_(last_)) cancel_.store(true);
   }
+  const std::atomic<bool>* cancel() const { return &cancel_; }
+  bool cancelled() const { return cancel_.load(); }
   void Done() {
     if (callback_) callback_(1.0f);
   }
@@ -77,6 +80,7 @@ class ProgressReporter {
   static constexpr float kBeforeDone = 0.999f;
   const ProgressCallback& callback_;
   float last_ = 0.0f;
+  std::atomic<bool> cancel_{false};
 };
 
 experts::IoMode ToExpertsIoMode(IoMode mode) {
@@ -115,6 +119,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   model::ModelLoadOptions load_options;
   load_options.threads = options.threads;
   load_options.progress = [&reporter](float fraction) { reporter.Report(fraction); };
+  load_options.cancel = reporter.cancel();
   load_options.memory_budget_bytes = static_cast<uint64_t>(options.memory_budget_bytes);
   load_options.expert_pool_bytes = static_cast<uint64_t>(options.expert_pool_bytes);
   load_options.expert_pool_fraction = options.expert_pool_fraction;
@@ -136,7 +141,12 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
         options.context_length > 0 ? options.context_length : static_cast<int>(spec->n_ctx_train);
   }
   auto model = model::Model::Load(gguf, load_options);
-  if (!model.ok()) return WithPath(model.status(), path);
+  if (!model.ok()) {
+    if (reporter.cancelled()) {
+      return absl::CancelledError(StrCat("loading ", path, " was cancelled by the progress callback"));
+    }
+    return WithPath(model.status(), path);
+  }
   const format::ModelSpec& spec = (*model)->spec();
   if (static_cast<uint32_t>(tokenizer->vocab().size()) > spec.n_vocab) {
     return absl::InvalidArgumentError(

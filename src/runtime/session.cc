@@ -421,12 +421,26 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
 
   const auto start = Clock::now();
   const std::span<const int32_t> fresh = std::span(target).subspan(common);
-  const size_t rows_before = CountEmbeddingPositions(std::span(target).subspan(0, common));
-  MOERT_RETURN_IF_ERROR(Forward(fresh, std::span(rows).subspan(rows_before)));
-  stats_.prefill_ms += MillisSince(start);
-  stats_.prefill_tokens += static_cast<int>(fresh.size());
+  size_t row = CountEmbeddingPositions(std::span(target).subspan(0, common));
+  // In chunks, so that a cancel stops a long prefill between them (the logits are
+  // the same: a batch gives its tokens' logits bit for bit, however it is split). The
+  // cache then holds a prefix of the target, as it always holds one of tokens_.
   tokens_ = target;
   rows_ = rows;
+  constexpr size_t kChunk = 512;
+  for (size_t at = 0; at < fresh.size(); at += kChunk) {
+    if (cancel_ != nullptr && cancel_->load()) {
+      stats_.prefill_ms += MillisSince(start);
+      return absl::CancelledError(StrCat("prefill cancelled after ", at, " of ", fresh.size(),
+                                         " tokens"));
+    }
+    const std::span<const int32_t> chunk = fresh.subspan(at, std::min(kChunk, fresh.size() - at));
+    const size_t chunk_rows = CountEmbeddingPositions(chunk);
+    MOERT_RETURN_IF_ERROR(Forward(chunk, std::span(rows).subspan(row, chunk_rows)));
+    row += chunk_rows;
+    stats_.prefill_tokens += static_cast<int>(chunk.size());
+  }
+  stats_.prefill_ms += MillisSince(start);
   return absl::OkStatus();
 }
 
@@ -451,6 +465,7 @@ absl::Status Session::Impl::Slide() {
 absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
                                           const TokenCallback& on_token, GenerateResult* result) {
   const auto start = Clock::now();
+  cancel_ = request.cancel;
 
   // Everything that can be wrong with the request is found before the session changes.
   model::SamplerOptions sampler_options;
@@ -603,6 +618,10 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   const model::MemoryStats before = MemoryStats();
   const router::RouterStats routed_before = RouterStats();
   const absl::Status status = RunGeneration(request, on_token, out);
+  cancel_ = nullptr;
+  if (absl::IsCancelled(status) && out->finish_reason == FinishReason::kNone) {
+    out->finish_reason = FinishReason::kCancelled;  // during the prefill
+  }
   const router::RouterStats routed = RouterStats();
   if (const uint64_t n = routed.token_layers - routed_before.token_layers; n > 0) {
     stats_.average_experts_per_token =

@@ -3,10 +3,12 @@
 // KV cache reuse across turns, stop strings, cancel, max_tokens, stats, the context
 // policies, and every error a caller can make - after each of which the runtime must
 // still generate correctly.
+#include "moert/moert.h"
 #include "moert/runtime.h"
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -332,6 +334,74 @@ TEST_F(RuntimeTest, CancelFlagStops) {
   EXPECT_EQ(again.code(), StatusCode::kCancelled);
   EXPECT_TRUE(result.tokens.empty());
   ExpectGreedyStillWorks(*runtime_);
+}
+
+// A long prefill stops between its chunks when the flag is set from another thread,
+// promptly (2 s is a hang guard, not a speed claim); the next request continues from
+// what the cache holds and gives a fresh session's tokens.
+TEST(RuntimeCancelTest, LongPrefillStopsBetweenChunks) {
+  RuntimeOptions options = OneThread();
+  options.context_length = 2048;
+  std::unique_ptr<MoERuntime> runtime = LoadedRuntime(options);
+  std::string text;
+  for (int i = 0; i < 120; ++i) text += "ROMEO: What light through yonder window breaks?\n";
+  auto session = NewSession(*runtime);
+  std::atomic<bool> cancel{false};
+  GenerateRequest request = Greedy(text, 4);
+  request.cancel = &cancel;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    cancel = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  GenerateResult result;
+  const Status status = session->Generate(request, {}, &result);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  canceller.join();
+  EXPECT_EQ(status.code(), StatusCode::kCancelled) << status.ToString();
+  EXPECT_EQ(result.finish_reason, FinishReason::kCancelled);
+  EXPECT_LT(seconds, 2.0 + 0.01 * session->Stats().prompt_tokens);
+  ASSERT_GT(session->Stats().prompt_tokens, 1024);  // more than two chunks
+
+  request.cancel = nullptr;
+  request.prompt.clear();  // continue: the same context
+  GenerateResult resumed;
+  GenerateRequest cont = Greedy("", 4);
+  ASSERT_TRUE(session->Generate(cont, {}, &resumed).ok());
+  auto fresh = NewSession(*runtime);
+  GenerateResult want;
+  ASSERT_TRUE(fresh->Generate(Greedy(text, 4), {}, &want).ok());
+  EXPECT_EQ(resumed.tokens, want.tokens);
+}
+
+// LoadModel's progress callback may return false: the load stops, Cancelled, and the
+// model loaded before stays; a callback returning void never cancels.
+TEST(RuntimeCancelTest, ProgressCallbackCancelsLoadModel) {
+  std::unique_ptr<MoERuntime> runtime = LoadedRuntime();
+  const std::string q8 = kSharedDir + "/models/tiny-moe-shakespeare-q8_0.gguf";
+  int calls = 0;
+  Status status = runtime->LoadModel(q8, [&](float fraction) { return ++calls < 3 && fraction < 1; });
+  EXPECT_EQ(status.code(), StatusCode::kCancelled) << status.ToString();
+  EXPECT_THAT(status.message(), HasSubstr("cancelled"));
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(runtime->model_info().path, kModelPath);
+  ExpectGreedyStillWorks(*runtime);
+  float last = 0;
+  ASSERT_TRUE(runtime->LoadModel(q8, [&](float fraction) { last = fraction; }).ok());
+  EXPECT_EQ(last, 1.0f);
+  EXPECT_EQ(runtime->model_info().path, q8);
+
+  moert_runtime* rt = nullptr;
+  ASSERT_EQ(moert_runtime_create(nullptr, &rt), MOERT_OK);
+  EXPECT_EQ(moert_runtime_load_model_cancellable(
+                rt, kModelPath.c_str(), [](float, void*) { return 1; }, nullptr),
+            MOERT_CANCELLED);
+  EXPECT_THAT(moert_last_error(rt), HasSubstr("cancelled"));
+  EXPECT_EQ(moert_runtime_load_model_cancellable(
+                rt, kModelPath.c_str(), [](float, void*) { return 0; }, nullptr),
+            MOERT_OK);
+  moert_runtime_destroy(rt);
 }
 
 TEST_F(RuntimeTest, ResetForgetsEverything) {
