@@ -66,6 +66,16 @@ size_t CountEmbeddingPositions(std::span<const int32_t> tokens) {
   return static_cast<size_t>(std::count(tokens.begin(), tokens.end(), model::kEmbeddingToken));
 }
 
+// An image's pixels and digest; an error's message starts with `what`.
+absl::StatusOr<runtime::DecodedImage> Decode(const Image& image, const std::string& what) {
+  absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(image);
+  if (!pixels.ok()) {
+    return absl::Status(pixels.status().code(), StrCat(what, pixels.status().message()));
+  }
+  const uint64_t digest = runtime::PixelDigest(*pixels);
+  return runtime::DecodedImage{std::move(*pixels), digest};
+}
+
 static_assert(model::kEmbeddingToken == -1, "vision::PromptPositions writes -1 at image positions");
 
 // The vision projector's pieces -> ids and rows.
@@ -102,10 +112,9 @@ Status Session::Impl::AddImage(const Image& image) {
                     "--mmproj)");
     }
   }
-  absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(image);
-  if (!pixels.ok()) return runtime::FromAbsl(pixels.status());
-  const uint64_t digest = runtime::PixelDigest(*pixels);
-  pending_images_.push_back({std::move(*pixels), digest});
+  absl::StatusOr<runtime::DecodedImage> decoded = Decode(image, "");
+  if (!decoded.ok()) return runtime::FromAbsl(decoded.status());
+  pending_images_.push_back(std::move(*decoded));
   return Status();
 }
 
@@ -217,26 +226,18 @@ absl::Status Session::Impl::BuildPrompt(const GenerateRequest& request, Prompt* 
   // Every image of the request decoded (the session's pending ones first), then encoded.
   std::vector<runtime::DecodedImage> decoded = pending_images_;
   for (size_t i = 0; i < request.images.size(); ++i) {
-    absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(request.images[i]);
-    if (!pixels.ok()) {
-      return absl::Status(pixels.status().code(),
-                          StrCat("image ", i, ": ", pixels.status().message()));
-    }
-    const uint64_t digest = runtime::PixelDigest(*pixels);
-    decoded.push_back({std::move(*pixels), digest});
+    MOERT_ASSIGN_OR_RETURN(runtime::DecodedImage image,
+                           Decode(request.images[i], StrCat("image ", i, ": ")));
+    decoded.push_back(std::move(image));
   }
   const size_t request_images = decoded.size();
   std::vector<size_t> message_images;  // request.messages[i]'s own images
   for (const Message& m : request.messages) {
     message_images.push_back(m.images.size());
     for (size_t i = 0; i < m.images.size(); ++i) {
-      absl::StatusOr<vision::RgbImage> pixels = runtime::DecodePublicImage(m.images[i]);
-      if (!pixels.ok()) {
-        return absl::Status(pixels.status().code(), StrCat(m.role, " message image ", i, ": ",
-                                                           pixels.status().message()));
-      }
-      const uint64_t digest = runtime::PixelDigest(*pixels);
-      decoded.push_back({std::move(*pixels), digest});
+      MOERT_ASSIGN_OR_RETURN(runtime::DecodedImage image,
+                             Decode(m.images[i], StrCat(m.role, " message image ", i, ": ")));
+      decoded.push_back(std::move(image));
     }
   }
   const bool has_images = !decoded.empty();
