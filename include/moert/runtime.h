@@ -91,7 +91,11 @@ enum class Backend {
 
 struct RuntimeOptions {
   int threads = 0;         // compute threads; 0: one per online CPU
-  int context_length = 0;  // KV cache positions per session; 0: the model's training context
+  // KV cache positions of a session (SessionOptions may give its own); 0: what fits:
+  // the model's training context or, with a memory budget, the most whose KV cache fits
+  // in half of what the weights and scratch leave, the expert pool keeping at least its
+  // floor (ModelInfo::context_length says what it came to).
+  int context_length = 0;
 
   // Memory budget (mixture-of-experts models on the integer kernels). Setting any of
   // the next three keeps the routed experts in an expert pool: each is read from the
@@ -111,6 +115,13 @@ struct RuntimeOptions {
   // (1: every expert fits); 0: unset.
   double expert_pool_fraction = 0;
   IoMode io_mode = IoMode::kDirect;
+  // Every session's KV cache is inside the budget: the budget sets one of
+  // context_length positions aside, and a session whose cache does not fit what is left
+  // fails with kResourceExhausted naming the numbers, or, with shrink_pool_for_sessions,
+  // takes the bytes from the expert pool, down to expert_pool_floor_bytes (0: the
+  // experts of one token in every layer); the pool grows back as sessions end.
+  bool shrink_pool_for_sessions = false;
+  int64_t expert_pool_floor_bytes = 0;
   // With an expert pool: the most used experts are written beside the model
   // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
   // SaveHotSet, and loaded first at the next start.
@@ -151,6 +162,27 @@ struct RuntimeOptions {
   // A modality bias side file (n_layer x n_expert whitespace-separated numbers) used
   // instead of the model's metadata; empty: the metadata's, when it has one.
   std::string modality_bias_path;
+};
+
+// A session's own settings (MoERuntime::CreateSession).
+struct SessionOptions {
+  // KV cache positions; 0: the runtime's (ModelInfo::context_length). The cache is
+  // reserved in the memory budget in full for the session's life.
+  int context_length = 0;
+};
+
+// How hard to give memory back (MoERuntime::TrimMemory), with the values of Android's
+// ComponentCallbacks2.onTrimMemory levels, so an app can pass its level through.
+enum class TrimLevel {
+  kNone = 0,               // lift an earlier trim: the pool may grow back
+  kRunningModerate = 5,    // the expert pool to 75% of its size
+  kRunningLow = 10,        // to 50%, and evict experts a hot-set preload brought in unused
+  kRunningCritical = 15,   // to its floor, evict unused experts
+  kUiHidden = 20,          // to 50%, evict unused experts
+  kBackground = 40,        // to its floor, evict unused experts
+  kModerate = 60,          // the same
+  kComplete = 80,          // the same, and free idle sessions' KV caches (they re-evaluate
+                           // their context on their next request)
 };
 
 struct ModelInfo {
@@ -292,6 +324,9 @@ struct GenerationStats {
   // at the same time included) by the tokens this call evaluated.
   int64_t budget_bytes = 0;            // the total budget in force (given, or derived:
                                        // weights + KV cache + scratch + pool)
+  int64_t kv_cache_bytes = 0;          // this session's KV cache (reserved in full)
+  int64_t kv_reserved_bytes = 0;       // the KV caches of every session of the model
+  int kv_caches = 0;                   // how many there are
   int64_t expert_pool_bytes = 0;       // the pool's size
   int64_t expert_pool_used_bytes = 0;  // bytes of resident experts (pool blocks)
   int64_t expert_pool_free_bytes = 0;
@@ -422,8 +457,17 @@ class MOERT_API MoERuntime {
   // Empty (default values) when no model is loaded.
   ModelInfo model_info() const;
 
-  // A new session on the loaded model; FailedPrecondition when none is loaded.
+  // A new session on the loaded model; FailedPrecondition when none is loaded,
+  // ResourceExhausted naming the numbers when its KV cache does not fit the memory
+  // budget (RuntimeOptions::shrink_pool_for_sessions). Any thread.
   Status CreateSession(std::unique_ptr<Session>* session);
+  Status CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session);
+
+  // Gives memory back at `level` (see TrimLevel; an app's onTrimMemory level, any
+  // value: the nearest level below it applies). The pool shrinks at once when no step
+  // is running, else before the next step. Routing reads the level as device pressure.
+  // InvalidArgument for a negative level. Any thread.
+  Status TrimMemory(int level);
 
   // One-shot generation on a fresh context (no history kept between calls; a
   // prompt sharing a prefix with the previous call's reuses its KV cache).

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(
   pool_options.expert_bytes = options.pool_bytes;
   pool_options.expert_min_block = options.min_block_bytes;
   MOERT_ASSIGN_OR_RETURN(cache->pool_, memory::TieredPool::Create(pool_options));
+  cache->limit_bytes_ = cache->pool_->expert_allocator().stats().pool_bytes;
   MOERT_ASSIGN_OR_RETURN(cache->loader_, Loader::Create(cache->directory_, options.loader));
   cache->entries_.resize(size_t(dir.n_layer()) * size_t(dir.n_expert()));
   cache->residency_.assign(static_cast<size_t>(dir.n_layer()),
@@ -218,7 +219,22 @@ std::optional<memory::Block> ExpertCache::AllocateNextToPartner(const ExpertInfo
 }
 
 absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info, bool wait) {
+  const uint64_t need = BlockBytes(info.runtime_bytes, options_.min_block_bytes);
   while (true) {
+    const memory::BuddyStats now = pool_->expert_allocator().stats();
+    if (limit_bytes_ < now.pool_bytes && now.live_bytes + need > limit_bytes_) {
+      // Under the limit SetPoolLimit set: make room as for a full pool.
+      if (EvictOne()) continue;
+      if (wait && !in_flight_.empty()) {
+        Drain();
+        continue;
+      }
+      return absl::ResourceExhaustedError(StrCat(
+          "the expert pool, limited to ", limit_bytes_, " bytes of its ", now.pool_bytes,
+          " (memory budget), cannot hold layer ", info.layer, ", expert ", info.expert,
+          " (a block of ", need, " bytes): ", now.live_bytes,
+          " bytes in use and nothing else to evict"));
+    }
     if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
     absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
         *pool_, info.runtime_bytes,
@@ -467,9 +483,7 @@ void ExpertCache::Drain() {
   while (!in_flight_.empty()) Collect(in_flight_.front());
 }
 
-uint64_t ExpertCache::capacity_experts() const {
-  return pool_->expert_allocator().stats().pool_bytes / block_bytes_;
-}
+uint64_t ExpertCache::capacity_experts() const { return limit_bytes_ / block_bytes_; }
 
 bool ExpertCache::IsResident(int layer, int expert) const {
   return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].resident;
@@ -510,6 +524,25 @@ uint64_t ExpertCache::expert_region_bytes() const {
 void ExpertCache::EvictAll() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].resident && entries_[i].pins == 0) Evict(i);
+  }
+}
+
+size_t ExpertCache::EvictUnused() {
+  size_t evicted = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (e.resident && e.pins == 0 && e.uses == 0) {
+      Evict(i);
+      ++evicted;
+    }
+  }
+  return evicted;
+}
+
+void ExpertCache::SetPoolLimit(uint64_t bytes) {
+  const uint64_t pool = pool_->expert_allocator().stats().pool_bytes;
+  limit_bytes_ = std::clamp(bytes / block_bytes_ * block_bytes_, block_bytes_, pool);
+  while (pool_->expert_allocator().stats().live_bytes > limit_bytes_ && EvictOne()) {
   }
 }
 
@@ -585,11 +618,12 @@ ExpertCacheStats ExpertCache::stats() const {
   s.defrag_runs = d.runs;
   s.defrag_bytes_moved = d.bytes_moved;
   const memory::BuddyStats b = pool_->expert_allocator().stats();
-  s.pool_bytes = b.pool_bytes;
+  s.pool_bytes = limit_bytes_;
   s.block_bytes = block_bytes_;
-  s.capacity_experts = b.pool_bytes / block_bytes_;
+  s.capacity_experts = limit_bytes_ / block_bytes_;
   s.used_bytes = b.live_bytes;
-  s.free_bytes = b.free_bytes;
+  // Free under the limit (the physical pool may have more).
+  s.free_bytes = std::min(b.free_bytes, limit_bytes_ > b.live_bytes ? limit_bytes_ - b.live_bytes : 0);
   s.largest_free_block = b.largest_free_block;
   s.fragmentation = b.fragmentation;
   const memory::TierStats t = pool_->stats(memory::Tier::kExpert);

@@ -188,6 +188,16 @@ class ExpertCache {
 
   // Evicts every unpinned expert (tests; giving memory back when idle).
   void EvictAll();
+  // Evicts the resident unpinned experts no Acquire has used (a hot-set preload not
+  // needed yet); returns how many went.
+  size_t EvictUnused();
+  // Keeps the live block bytes at or below `bytes` from now on (rounded down to a block,
+  // at least one block, at most the pool): evicts unpinned experts down to it now, and
+  // allocations evict before they pass it. The pool's memory budget (memory/budget.h)
+  // sets it when KV caches or a trim take bytes from the pool. A pool's full size:
+  // pool_bytes.
+  void SetPoolLimit(uint64_t bytes);
+  uint64_t pool_limit() const { return limit_bytes_; }
 
   // Starts loading (layer, expert) in the background (see the class comment).
   enum class PrefetchResult { kStarted, kPresent, kBackedOff, kInvalid };
@@ -288,6 +298,7 @@ class ExpertCache {
   uint64_t step_ = 0;
   uint64_t generation_ = 0;  // the last Placement::generation handed out
   uint64_t block_bytes_ = 0;
+  uint64_t limit_bytes_ = 0;  // SetPoolLimit's; the pool's size until then
   std::vector<size_t> in_flight_;  // entries a prefetch or StartLoad is loading
   std::vector<size_t> started_;    // entries StartLoad started this step
   ExpertCacheStats counters_;  // the counting fields only

@@ -1,6 +1,7 @@
 // The decoder-only transformer (see decoder.h): loading, the KV cache, batching, and
 // which backend's layer graph runs a batch.
 #include "model/decoder.h"
+#include "model/kv_cache.h"
 
 #include <algorithm>
 #include <atomic>
@@ -26,21 +27,9 @@ using format::TensorWeightName;
 
 namespace {
 
-// Caps on the KV cache: far above what a device can hold, low enough to catch a
-// mistaken size before it turns into an allocation failure.
-constexpr int kMaxCacheContext = 1 << 22;
-constexpr uint64_t kMaxCacheBytes = uint64_t{64} << 30;
-
 // Long prompts run in micro-batches of this many tokens: the scratch stays bounded
 // and the results are the same bit for bit (see layers.h).
 constexpr int64_t kMaxMicroBatch = 512;
-
-int64_t KeyWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_k; }
-int64_t ValueWidth(const ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_v; }
-
-uint64_t KvCacheBytes(const ModelSpec& spec, uint64_t positions) {
-  return positions * spec.n_layer * uint64_t(KeyWidth(spec) + ValueWidth(spec)) * sizeof(float);
-}
 
 // What a forward pass of one micro-batch allocates besides the weights and the KV
 // cache, over-estimated: the residual stream and its scratch, q/k/v, the router, the
@@ -63,69 +52,6 @@ uint64_t ScratchBytes(const ModelSpec& spec, uint64_t positions) {
 }
 
 }  // namespace
-
-// fp32 keys and values, layer-major: layer l's keys are [capacity][n_head_kv * head_dim_k].
-// fp32 keys and values, layer-major: layer l's keys are [capacity][n_head_kv * head_dim_k],
-// held as CPU buffers the layer graph addresses.
-class DecoderKvCache final : public KvCache {
- public:
-  DecoderKvCache(backend::Backend& cpu, int capacity, int n_layer, int64_t k_width,
-                 int64_t v_width)
-      : id_(NextId()),
-        capacity_(capacity),
-        n_layer_(n_layer),
-        k_width_(k_width),
-        v_width_(v_width),
-        k_(static_cast<size_t>(int64_t{capacity} * n_layer * k_width)),
-        v_(static_cast<size_t>(int64_t{capacity} * n_layer * v_width)) {
-    k_buffer_ = cpu.WrapHost(k_.data(), k_.size() * sizeof(float)).value();
-    v_buffer_ = cpu.WrapHost(v_.data(), v_.size() * sizeof(float)).value();
-    for (int l = 0; l < n_layer_; ++l) {
-      key_rows_.push_back(k_.data() + int64_t{l} * capacity_ * k_width_);
-      value_rows_.push_back(v_.data() + int64_t{l} * capacity_ * v_width_);
-    }
-  }
-
-  int capacity() const override { return capacity_; }
-  int size() const override { return size_; }
-  void Truncate(int n) override { size_ = std::clamp(n, 0, size_); }
-
-  bool Fits(const ModelSpec& spec) const {
-    return n_layer_ == static_cast<int>(spec.n_layer) && k_width_ == KeyWidth(spec) &&
-           v_width_ == ValueWidth(spec);
-  }
-  void set_size(int n) { size_ = n; }
-  // Distinct per cache object (a device's copy names its cache).
-  uint64_t id() const { return id_; }
-  SequenceKv Sequence() const {
-    SequenceKv kv;
-    kv.host.id = id_;
-    kv.host.capacity = capacity_;
-    kv.host.keys = key_rows_;
-    kv.host.values = value_rows_;
-    kv.keys = k_buffer_.get();
-    kv.values = v_buffer_.get();
-    return kv;
-  }
-
- private:
-  static uint64_t NextId() {
-    static std::atomic<uint64_t> next{1};
-    return next++;
-  }
-
-  uint64_t id_;
-  int capacity_;
-  int n_layer_;
-  int64_t k_width_;
-  int64_t v_width_;
-  int size_ = 0;
-  std::vector<float> k_;
-  std::vector<float> v_;
-  std::unique_ptr<backend::Buffer> k_buffer_, v_buffer_;  // over k_ and v_
-  std::vector<float*> key_rows_, value_rows_;           // per layer
-};
-
 
 const char* BackendName(Backend backend) {
   switch (backend) {
@@ -286,6 +212,12 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
       options.expert_pool_fraction != 0) {
     MOERT_RETURN_IF_ERROR(SetUpExpertPool(file, options));
   }
+  if (budget_ == nullptr) {  // no budget: the ledger only counts the KV caches
+    budget_ = std::make_shared<memory::MemoryBudget>(memory::BudgetOptions{});
+    memory_.kv_cache_positions = options.kv_cache_positions > 0
+                                     ? options.kv_cache_positions
+                                     : static_cast<int>(std::max<uint32_t>(spec_.n_ctx_train, 1));
+  }
   WeightLoader loader(file, options.progress, options.quantized_kernels);
   loader.set_cancel(options.cancel);
   if (expert_cache_ != nullptr) {
@@ -399,20 +331,74 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   measure.set_measure_only(true);
   measure.set_skip_routed_experts(moe);
   MOERT_RETURN_IF_ERROR(LoadTensors(measure));
-  const uint64_t positions = options.kv_cache_positions > 0
-                                 ? static_cast<uint64_t>(options.kv_cache_positions)
-                                 : uint64_t{spec_.n_ctx_train};
   memory_.persistent_bytes = measure.measured_bytes();
-  memory_.kv_cache_bytes = KvCacheBytes(spec_, positions);
-  memory_.scratch_bytes = ScratchBytes(spec_, positions);
+  memory_.scratch_bytes = ScratchBytes(
+      spec_, options.kv_cache_positions > 0 ? static_cast<uint64_t>(options.kv_cache_positions)
+                                            : uint64_t{spec_.n_ctx_train});
   if (directory) {
     // The loader's staging buffer: three slots of the largest part plus alignment.
     const uint64_t a = experts::kDirectAlignment;
     memory_.scratch_bytes +=
         experts::kExpertParts * ((directory->max_part_file_bytes() + 3 * a - 1) / a * a);
   }
-  const uint64_t fixed = memory_.persistent_bytes + memory_.kv_cache_bytes + memory_.scratch_bytes;
   const uint64_t budget = options.memory_budget_bytes;
+  const uint64_t base = memory_.persistent_bytes + memory_.scratch_bytes;
+  if (budget > 0 && base > budget && options.kv_cache_positions == 0) {  // else named below
+    return absl::ResourceExhaustedError(StrCat(
+        file.name(), ": the memory budget of ", budget, " bytes cannot hold the persistent weights (",
+        memory_.persistent_bytes, " bytes) and scratch (", memory_.scratch_bytes,
+        " bytes), before any KV cache or expert"));
+  }
+
+  // The pool's geometry: blocks, every expert, its floor (one token's experts in every
+  // MoE layer, unless given).
+  uint64_t block = 0, all = 0, pool = 0, floor = 0;
+  const uint64_t min_block = options.expert_cache.min_block_bytes;
+  const bool pool_is_rest = moe && options.expert_pool_bytes == 0 && fraction == 0;
+  const uint64_t k = spec_.n_expert_used;
+  if (moe) {
+    block = experts::ExpertCache::BlockBytes(directory->max_runtime_bytes(), min_block);
+    all = directory->expert_count() * block;
+    if (options.expert_pool_bytes > 0) {
+      pool = options.expert_pool_bytes;
+    } else if (fraction > 0) {
+      pool = static_cast<uint64_t>(std::ceil(fraction * static_cast<double>(all)));
+      pool = (pool + min_block - 1) / min_block * min_block;
+    }
+    pool = std::min(pool, all) / min_block * min_block;
+    floor = options.expert_pool_floor_bytes > 0
+                ? options.expert_pool_floor_bytes
+                : k * static_cast<uint64_t>(directory->n_layer()) * block;
+    floor = std::max(floor / block * block, k * block);
+  }
+
+  // The context the budget sets aside a KV cache for: given, else what fits (at most the
+  // training context; with a budget, at most half of what the weights and scratch leave
+  // when the pool takes the rest, and never the pool's floor).
+  const uint64_t per_position = KvCacheBytes(spec_, 1);
+  uint64_t positions = static_cast<uint64_t>(std::max(options.kv_cache_positions, 0));
+  if (positions == 0) {
+    positions = std::max<uint64_t>(spec_.n_ctx_train, 1);
+    if (budget > 0) {
+      const uint64_t avail = budget - base;
+      const uint64_t pool_part = pool_is_rest ? floor : pool;
+      uint64_t room = avail > pool_part ? avail - pool_part : 0;
+      if (pool_is_rest) room = std::min(room, avail / 2);
+      uint64_t fits = room / per_position;
+      if (fits >= 256) fits = fits / 256 * 256;
+      if (fits == 0) {
+        return absl::ResourceExhaustedError(StrCat(
+            file.name(), ": the memory budget of ", budget, " bytes leaves ", avail,
+            " bytes after the persistent weights and scratch", moe ? " and an expert pool of " : "",
+            moe ? StrCat(pool_part, " bytes") : std::string(), ": not one KV cache position (",
+            per_position, " bytes)"));
+      }
+      positions = std::min(positions, fits);
+    }
+  }
+  memory_.kv_cache_positions = static_cast<int>(positions);
+  memory_.kv_cache_bytes = KvCacheBytes(spec_, positions);
+  const uint64_t fixed = base + memory_.kv_cache_bytes;
   const std::string fixed_text =
       StrCat("the persistent weights (", memory_.persistent_bytes, " bytes), the KV cache (",
              memory_.kv_cache_bytes, " bytes for ", positions, " positions) and scratch (",
@@ -422,40 +408,31 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
                                                " bytes cannot hold ", fixed_text,
                                                ", before any expert"));
   }
+  memory::BudgetOptions ledger;
+  ledger.budget_bytes = budget;
+  ledger.fixed_bytes = base;
+  ledger.shrink_pool = options.shrink_pool_for_kv;
   if (!moe) {
     memory_.budget_bytes = budget;
+    budget_ = std::make_shared<memory::MemoryBudget>(ledger);
     return absl::OkStatus();
   }
 
-  const uint64_t min_block = options.expert_cache.min_block_bytes;
-  const uint64_t block = experts::ExpertCache::BlockBytes(directory->max_runtime_bytes(), min_block);
-  const uint64_t all = directory->expert_count() * block;
-  uint64_t pool = 0;
-  if (options.expert_pool_bytes > 0) {
-    pool = options.expert_pool_bytes;
-  } else if (fraction > 0) {
-    pool = static_cast<uint64_t>(std::ceil(fraction * static_cast<double>(all)));
-    pool = (pool + min_block - 1) / min_block * min_block;
-  } else {
-    pool = budget - fixed;
-  }
-  pool = std::min(pool, all) / min_block * min_block;
+  if (pool_is_rest) pool = std::min(budget - fixed, all) / min_block * min_block;
   if (budget > 0 && fixed + pool > budget) {
     return absl::ResourceExhaustedError(
         StrCat(file.name(), ": the memory budget of ", budget, " bytes cannot hold an expert pool of ",
                pool, " bytes on top of ", fixed_text));
   }
-  const uint64_t k = spec_.n_expert_used;
   const uint64_t capacity = pool / block;
   if (capacity < k) {
     return absl::ResourceExhaustedError(StrCat(
         file.name(), ": the expert pool of ", pool, " bytes holds ", capacity, " experts (blocks of ",
         block, " bytes) but one token needs ", k, " experts resident together (", k * block,
         " bytes)",
-        options.expert_pool_bytes == 0 && fraction == 0
-            ? StrCat("; the pool is what the memory budget of ", budget, " bytes leaves after ",
-                     fixed_text)
-            : std::string()));
+        pool_is_rest ? StrCat("; the pool is what the memory budget of ", budget,
+                              " bytes leaves after ", fixed_text)
+                     : std::string()));
   }
   experts::ExpertCacheOptions cache_options = options.expert_cache;
   cache_options.pool_bytes = pool;
@@ -466,11 +443,23 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   memory_.budget_bytes = budget > 0 ? budget : fixed + pool;
   memory_.all_experts_bytes = all;
   memory_.experts_per_token = k;
+  ledger.pool_bytes = pool;
+  ledger.pool_floor_bytes = std::min(floor, pool);
+  ledger.pool_granule = block;
+  budget_ = std::make_shared<memory::MemoryBudget>(ledger);
   return absl::OkStatus();
+}
+
+void DecoderModel::ApplyMemoryLimits(bool drop_unused) {
+  if (expert_cache_ == nullptr) return;
+  const uint64_t target = budget_->pool_target();
+  if (target != expert_cache_->pool_limit()) expert_cache_->SetPoolLimit(target);
+  if (drop_unused) expert_cache_->EvictUnused();
 }
 
 MemoryStats DecoderModel::memory_stats() const {
   MemoryStats stats = memory_;
+  if (budget_ != nullptr) stats.ledger = budget_->stats();
   if (expert_cache_ != nullptr) {
     stats.pool = expert_cache_->stats();
     stats.io_mode = std::string(experts::IoModeName(expert_cache_->loader().mode()));
@@ -512,23 +501,9 @@ absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(int n_ctx) const {
-  if (n_ctx < 1 || n_ctx > kMaxCacheContext) {
-    return absl::InvalidArgumentError(
-        StrCat("KV cache size ", n_ctx, " is outside [1, ", kMaxCacheContext, "]"));
-  }
-  const uint64_t bytes = uint64_t(n_ctx) * spec_.n_layer *
-                         uint64_t(KeyWidth(spec_) + ValueWidth(spec_)) * sizeof(float);
-  if (bytes > kMaxCacheBytes) {
-    return absl::InvalidArgumentError(StrCat("a KV cache of ", n_ctx, " positions needs ", bytes,
-                                             " bytes, above the cap of ", kMaxCacheBytes));
-  }
-  try {
-    return std::unique_ptr<KvCache>(std::make_unique<DecoderKvCache>(
-        *cpu_, n_ctx, static_cast<int>(spec_.n_layer), KeyWidth(spec_), ValueWidth(spec_)));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        StrCat("cannot allocate a KV cache of ", n_ctx, " positions (", bytes, " bytes)"));
-  }
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<DecoderKvCache> cache,
+                         DecoderKvCache::Create(*cpu_, spec_, n_ctx, budget_));
+  return std::unique_ptr<KvCache>(std::move(cache));
 }
 
 absl::Status DecoderModel::Forward(const ForwardInput& input, KvCache* cache, LogitsFor which,
@@ -578,6 +553,7 @@ absl::Status DecoderModel::Forward(const ForwardInput& input, KvCache* cache, Lo
                                         " positions (", pos0, " already filled)"));
   }
 
+  ApplyMemoryLimits(/*drop_unused=*/false);
   if (router_ != nullptr) router_->SetImageShare(input.image_share);
   const int64_t n_vocab = spec_.n_vocab;
   logits->resize(static_cast<size_t>(which == LogitsFor::kAll ? n * n_vocab : n_vocab));

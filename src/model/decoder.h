@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "experts/expert_cache.h"
+#include "memory/budget.h"
 #include "format/arch.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
@@ -63,6 +64,8 @@ class DecoderModel final : public Model {
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
+  memory::MemoryBudget* budget() override { return budget_.get(); }
+  void ApplyMemoryLimits(bool drop_unused) override;
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
   // sizes them first and sets up the pool (ModelLoadOptions).
@@ -98,6 +101,8 @@ class DecoderModel final : public Model {
   // With a budget or a pool: its sizing (the pool's live figures come from the cache).
   MemoryStats memory_;
   std::unique_ptr<experts::ExpertCache> expert_cache_;
+  // The ledger every KV cache reserves in (shared: a cache may outlive the model).
+  std::shared_ptr<memory::MemoryBudget> budget_;
   std::string hot_set_path_;  // empty: no hot set
   // MoE models: the router and what it knows of the device (null: reference routing).
   std::unique_ptr<router::ResourceMonitor> monitor_;

@@ -1,5 +1,6 @@
 // The layer graph over backend::Backend (see graph.h).
 #include "model/graph.h"
+#include "model/kv_cache.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,11 +27,6 @@ std::vector<const pipeline::MoeWeights*> MoeLayers(const ModelWeights& w) {
   if (!w.spec->is_moe()) return out;
   for (size_t il = 0; il < out.size(); ++il) out[il] = &(*w.layers)[il].moe;
   return out;
-}
-
-int64_t KeyWidth(const format::ModelSpec& spec) { return int64_t{spec.n_head_kv} * spec.head_dim_k; }
-int64_t ValueWidth(const format::ModelSpec& spec) {
-  return int64_t{spec.n_head_kv} * spec.head_dim_v;
 }
 
 }  // namespace

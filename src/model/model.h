@@ -23,6 +23,7 @@
 #include "format/gguf.h"
 #include "format/model_spec.h"
 #include "kernels/config.h"
+#include "memory/budget.h"
 #include "pipeline/prefetcher.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
@@ -38,6 +39,11 @@ class KvCache {
   // Forgets positions >= n (n <= capacity); the next Forward continues at n.
   virtual void Truncate(int n) = 0;
   virtual int size() const = 0;      // positions filled so far
+  // Forgets every position and gives the memory back (a trimmed idle session); the
+  // cache stays usable and keeps its place in the memory budget.
+  virtual void Release() { Truncate(0); }
+  // The memory budget's bytes for this cache (its full capacity).
+  virtual uint64_t bytes() const { return 0; }
 };
 
 // Where a model's forward pass runs (issue 8).
@@ -115,8 +121,18 @@ struct ModelLoadOptions {
   // How the loader reads experts (experts/io_mode.h).
   experts::IoMode io_mode = experts::IoMode::kDirect;
   // The KV cache positions the budget sets aside (the context the caller will use);
-  // 0: the model's training context.
+  // 0: what fits: the training context, or with a budget the most that fits in half of
+  // what the weights and scratch leave when the pool takes the rest (in the rest with
+  // the pool sized, or for a dense model), leaving the pool its floor; a multiple of 256
+  // from 256 on. MemoryStats::kv_cache_positions says what it came to.
   int kv_cache_positions = 0;
+  // Every KV cache (NewKvCache) is reserved in the budget in full. One that does not fit
+  // is ResourceExhausted naming the numbers; with shrink_pool_for_kv it takes the bytes
+  // from the expert pool instead, down to expert_pool_floor_bytes (0: one token's
+  // experts in every MoE layer, n_layer * k blocks), and the pool grows back as caches
+  // go.
+  bool shrink_pool_for_kv = false;
+  uint64_t expert_pool_floor_bytes = 0;
   // The hot set (experts/hot_set.h): with a pool, read at load (its experts are loaded
   // first, up to the pool's size) and written by Model::SaveHotSet. `hot_set_path`
   // empty: MODEL.gguf.moert-hot beside the model file.
@@ -204,6 +220,8 @@ struct MemoryStats {
   uint64_t budget_bytes = 0;      // given, or derived: persistent + KV + scratch + pool
   uint64_t persistent_bytes = 0;  // weights outside the pool
   uint64_t kv_cache_bytes = 0;    // set aside for kv_cache_positions
+  int kv_cache_positions = 0;     // the default context (ModelLoadOptions::kv_cache_positions)
+  memory::BudgetStats ledger;     // the budget now: KV caches reserved, the pool's limit
   uint64_t scratch_bytes = 0;     // estimate: activations and the staging buffer
   uint64_t all_experts_bytes = 0; // what every routed expert would take in the pool
   uint64_t experts_per_token = 0; // k: experts one token needs resident together
@@ -283,6 +301,13 @@ class Model {
   // from any thread.
   virtual router::Router* router() { return nullptr; }
   virtual router::ResourceMonitor* resource_monitor() { return nullptr; }
+  // The memory budget's ledger every KV cache reserves in (thread-safe; null for a model
+  // that has none). Its Trim applies from the next Forward, or from ApplyMemoryLimits.
+  virtual memory::MemoryBudget* budget() { return nullptr; }
+  // Between Forward calls: brings the expert pool to the budget's target now (evicting,
+  // giving pages back); drop_unused also evicts experts no step has used (a hot-set
+  // preload). A no-op without a pool.
+  virtual void ApplyMemoryLimits(bool drop_unused) { (void)drop_unused; }
   // Turns prefetch of predicted experts on (depth: layers ahead) or off between Forward
   // calls (ModelLoadOptions::prefetch); its counters start again. Loads in flight are
   // finished first. InvalidArgument for a depth out of range; a no-op without a pool.

@@ -3,6 +3,7 @@ list(APPEND MOERT_SOURCES
   model/model.cc
   model/weights.cc
   model/decoder.cc
+  model/kv_cache.cc
   model/graph.cc
   model/perplexity.cc
   model/sampler.cc

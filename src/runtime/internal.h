@@ -47,7 +47,15 @@ struct LoadedModel {
   // The vision projector (MoERuntime::LoadMmproj); null: text only. Read and replaced
   // under forward_mutex.
   std::shared_ptr<VisionProjector> vision;
+  // The sessions on this model, for TrimMemory (each registers itself).
+  std::mutex sessions_mutex;
+  std::vector<Session::Impl*> sessions;
 };
+
+// MoERuntime::TrimMemory's work on one model: caps the expert pool (applied now when no
+// step runs, else at the next), evicts unused experts, and at the strongest level frees
+// the KV caches of sessions not generating.
+void Trim(LoadedModel& model, int level);
 
 // An encoded image a conversation holds (shared by every position that reads it).
 using EncodedImage = std::shared_ptr<const vision::ImageEmbedding>;
@@ -88,8 +96,7 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   // `stateless`: every Generate starts a fresh conversation (the runtime's one-shot
   // Generate); the KV cache is still reused for a shared prefix.
   Impl(std::shared_ptr<runtime::LoadedModel> model, std::unique_ptr<model::KvCache> cache,
-       bool stateless)
-      : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {}
+       bool stateless);
   // A session's end saves the model's hot set (see RuntimeOptions::hot_set).
   ~Impl();
   Impl(const Impl&) = delete;
@@ -100,6 +107,9 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   Status Generate(const GenerateRequest& request, const TokenCallback& on_token,
                   GenerateResult* result);
   void Reset();
+  // Frees the KV cache's memory when no Generate or Reset runs (TrimMemory); the next
+  // request evaluates the context again. Any thread.
+  bool ReleaseIfIdle();
 
   const std::vector<Message>& history() const { return history_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
@@ -142,6 +152,8 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
 
   std::shared_ptr<runtime::LoadedModel> model_;
   std::unique_ptr<model::KvCache> cache_;
+  // Held while Generate or Reset use the cache (ReleaseIfIdle keeps off it then).
+  std::mutex busy_;
   const bool stateless_;
   std::vector<Message> history_;
   // The conversation's tokens; the first cache_->size() of them are in the cache.

@@ -130,16 +130,15 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
   load_options.router.modality_lambda = options.modality_lambda;
   load_options.modality_bias_path = options.modality_bias_path;
+  load_options.shrink_pool_for_kv = options.shrink_pool_for_sessions;
+  load_options.expert_pool_floor_bytes = static_cast<uint64_t>(options.expert_pool_floor_bytes);
   load_options.prefetch = options.prefetch;
   load_options.prefetch_depth = options.prefetch_depth;
   load_options.backend = options.backend == Backend::kOpenCl ? model::Backend::kOpenCl
                          : options.backend == Backend::kAuto ? model::Backend::kAuto
                                                              : model::Backend::kCpu;
-  // The budget sets the KV cache aside for the context sessions will get.
-  if (auto spec = format::ReadModelSpec(gguf); spec.ok()) {
-    load_options.kv_cache_positions =
-        options.context_length > 0 ? options.context_length : static_cast<int>(spec->n_ctx_train);
-  }
+  // The budget sets the KV cache aside for the context sessions will get (0: what fits).
+  load_options.kv_cache_positions = options.context_length;
   auto model = model::Model::Load(gguf, load_options);
   if (!model.ok()) {
     if (reporter.cancelled()) {
@@ -164,8 +163,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
       if (kind.ok()) loaded->chat_template = *kind;
     }
   }
-  loaded->context_length =
-      options.context_length > 0 ? options.context_length : static_cast<int>(spec.n_ctx_train);
+  loaded->context_length = loaded->model->memory_stats().kv_cache_positions;
 
   ModelInfo& info = loaded->info;
   info.path = path;
@@ -190,12 +188,59 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
 }  // namespace
 }  // namespace runtime
 
+namespace runtime {
+
+void Trim(LoadedModel& model, int level) {
+  // Android's levels: 5 running moderate, 10 running low, 15 running critical, 20 UI
+  // hidden, 40 background, 60 moderate, 80 complete (TrimLevel in runtime.h).
+  double pool_fraction = 1;
+  bool drop_unused = false;
+  bool free_idle_sessions = false;
+  if (level >= 80) {
+    pool_fraction = 0;
+    drop_unused = free_idle_sessions = true;
+  } else if (level >= 40 || (level >= 15 && level < 20)) {
+    pool_fraction = 0;
+    drop_unused = true;
+  } else if (level >= 10) {
+    pool_fraction = 0.5;
+    drop_unused = true;
+  } else if (level >= 5) {
+    pool_fraction = 0.75;
+  }
+  if (memory::MemoryBudget* budget = model.model->budget(); budget != nullptr) {
+    budget->Trim(pool_fraction);
+  }
+  {
+    // Between steps: now; during one, the next step keeps to the new limit.
+    std::unique_lock<std::mutex> lock(model.forward_mutex, std::try_to_lock);
+    if (lock.owns_lock()) model.model->ApplyMemoryLimits(drop_unused);
+  }
+  if (free_idle_sessions) {
+    std::lock_guard<std::mutex> lock(model.sessions_mutex);
+    for (Session::Impl* session : model.sessions) session->ReleaseIfIdle();
+  }
+}
+
+}  // namespace runtime
+
 struct MOERT_RUNTIME_HIDDEN MoERuntime::Impl {
+  // Guards what follows: calls documented for any thread (SetTemperature, TrimMemory,
+  // CreateSession) read them while LoadModel may replace them.
+  mutable std::mutex mutex;
   RuntimeOptions options;
   float temperature = std::numeric_limits<float>::quiet_NaN();  // SetTemperature's
+  int trim_level = 0;                                           // TrimMemory's
   std::shared_ptr<runtime::LoadedModel> model;
-  // The runtime's own session for one-shot Generate, made on first use.
+  // The runtime's own session for one-shot Generate, made on first use; one call at a
+  // time runs on it (one_shot_mutex, taken before `mutex`).
+  mutable std::mutex one_shot_mutex;
   std::unique_ptr<Session> one_shot;
+
+  std::shared_ptr<runtime::LoadedModel> Model() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return model;
+  }
 };
 
 MoERuntime::MoERuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -278,72 +323,122 @@ Status MoERuntime::Create(const RuntimeOptions& options, std::unique_ptr<MoERunt
 Status MoERuntime::SetOptions(const RuntimeOptions& options) {
   RuntimeOptions checked = options;
   if (Status status = CheckOptions(&checked); !status.ok()) return status;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->options = checked;
   return Status();
 }
 
 Status MoERuntime::SaveHotSet() {
-  if (impl_->model == nullptr) {
+  const std::shared_ptr<runtime::LoadedModel> model = impl_->Model();
+  if (model == nullptr) {
     return Status(StatusCode::kFailedPrecondition, "no model is loaded: call LoadModel first");
   }
-  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
-  return runtime::FromAbsl(impl_->model->model->SaveHotSet());
+  std::lock_guard<std::mutex> lock(model->forward_mutex);
+  return runtime::FromAbsl(model->model->SaveHotSet());
 }
 
-Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& progress) {
-  auto loaded = runtime::Load(path, impl_->options, progress);
-  if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
-  impl_->model = std::move(*loaded);
-  impl_->one_shot.reset();
-  SetTemperature(impl_->temperature);
-  return Status();
-}
+namespace {
 
-Status MoERuntime::LoadMmproj(const std::string& path) {
-  if (impl_->model == nullptr) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "no model is loaded: call LoadModel before LoadMmproj");
-  }
-  auto vision = runtime::VisionProjector::Load(
-      path, static_cast<int64_t>(impl_->model->model->spec().n_embd), impl_->options.threads);
-  if (!vision.ok()) return runtime::FromAbsl(vision.status());
-  std::shared_ptr<runtime::VisionProjector> projector = std::move(*vision);
-  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
-  ModelInfo& info = impl_->model->info;
-  info.mmproj_path = path;
-  info.minicpmv_version = projector->hparams().minicpmv_version;
-  info.image_tokens_per_slice = projector->hparams().n_query;
-  impl_->model->vision = std::move(projector);
-  return Status();
-}
-
-void MoERuntime::SetTemperature(float celsius) {
-  impl_->temperature = celsius;
-  if (impl_->model == nullptr) return;
-  // The monitor's temperature is atomic: no need to wait for a running Forward.
-  router::ResourceMonitor* monitor = impl_->model->model->resource_monitor();
+// The model's router reads the app's temperature (NaN: sysfs) and trim level.
+void ApplyDeviceState(runtime::LoadedModel& model, float celsius) {
+  // The monitor's state is atomic: no need to wait for a running Forward.
+  router::ResourceMonitor* monitor = model.model->resource_monitor();
   if (monitor == nullptr) return;
   monitor->SetTemperature(std::isnan(celsius) ? std::nullopt : std::optional<float>(celsius));
 }
 
-bool MoERuntime::model_loaded() const { return impl_->model != nullptr; }
+}  // namespace
+
+Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& progress) {
+  RuntimeOptions options;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    options = impl_->options;
+  }
+  auto loaded = runtime::Load(path, options, progress);
+  if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
+  std::shared_ptr<runtime::LoadedModel> old;
+  std::unique_ptr<Session> old_one_shot;
+  std::lock_guard<std::mutex> one_shot(impl_->one_shot_mutex);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  old = std::move(impl_->model);
+  old_one_shot = std::move(impl_->one_shot);
+  impl_->model = std::move(*loaded);
+  ApplyDeviceState(*impl_->model, impl_->temperature);
+  runtime::Trim(*impl_->model, impl_->trim_level);
+  return Status();
+}
+
+Status MoERuntime::LoadMmproj(const std::string& path) {
+  const std::shared_ptr<runtime::LoadedModel> model = impl_->Model();
+  if (model == nullptr) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "no model is loaded: call LoadModel before LoadMmproj");
+  }
+  int threads = 1;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    threads = impl_->options.threads;
+  }
+  auto vision = runtime::VisionProjector::Load(
+      path, static_cast<int64_t>(model->model->spec().n_embd), threads);
+  if (!vision.ok()) return runtime::FromAbsl(vision.status());
+  std::shared_ptr<runtime::VisionProjector> projector = std::move(*vision);
+  std::lock_guard<std::mutex> lock(model->forward_mutex);
+  ModelInfo& info = model->info;
+  info.mmproj_path = path;
+  info.minicpmv_version = projector->hparams().minicpmv_version;
+  info.image_tokens_per_slice = projector->hparams().n_query;
+  model->vision = std::move(projector);
+  return Status();
+}
+
+void MoERuntime::SetTemperature(float celsius) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->temperature = celsius;
+  if (impl_->model != nullptr) ApplyDeviceState(*impl_->model, celsius);
+}
+
+Status MoERuntime::TrimMemory(int level) {
+  if (level < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("trim level must be >= 0 (Android's onTrimMemory levels), got ", level));
+  }
+  std::shared_ptr<runtime::LoadedModel> model;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->trim_level = level;
+    model = impl_->model;
+  }
+  if (model != nullptr) runtime::Trim(*model, level);
+  return Status();
+}
+
+bool MoERuntime::model_loaded() const { return impl_->Model() != nullptr; }
 
 ModelInfo MoERuntime::model_info() const {
-  if (impl_->model == nullptr) return ModelInfo();
-  std::lock_guard<std::mutex> lock(impl_->model->forward_mutex);
-  return impl_->model->info;
+  const std::shared_ptr<runtime::LoadedModel> model = impl_->Model();
+  if (model == nullptr) return ModelInfo();
+  std::lock_guard<std::mutex> lock(model->forward_mutex);
+  return model->info;
 }
 
 const RuntimeOptions& MoERuntime::options() const { return impl_->options; }
 
 namespace {
 
-Status NewSession(const std::shared_ptr<runtime::LoadedModel>& model, bool stateless,
-                  std::unique_ptr<Session::Impl>* impl) {
+Status NewSession(const std::shared_ptr<runtime::LoadedModel>& model, const SessionOptions& options,
+                  bool stateless, std::unique_ptr<Session::Impl>* impl) {
   if (model == nullptr) {
     return Status(StatusCode::kFailedPrecondition, "no model is loaded: call LoadModel first");
   }
-  auto cache = model->model->NewKvCache(model->context_length);
+  if (options.context_length < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("SessionOptions::context_length must be >= 0 (0: the runtime's), got ",
+                         options.context_length));
+  }
+  auto cache = model->model->NewKvCache(options.context_length > 0 ? options.context_length
+                                                                   : model->context_length);
   if (!cache.ok()) return runtime::FromAbsl(cache.status());
   *impl = std::make_unique<Session::Impl>(model, std::move(*cache), stateless);
   return Status();
@@ -352,11 +447,15 @@ Status NewSession(const std::shared_ptr<runtime::LoadedModel>& model, bool state
 }  // namespace
 
 Status MoERuntime::CreateSession(std::unique_ptr<Session>* session) {
+  return CreateSession(SessionOptions(), session);
+}
+
+Status MoERuntime::CreateSession(const SessionOptions& options, std::unique_ptr<Session>* session) {
   if (session == nullptr) {
     return Status(StatusCode::kInvalidArgument, "CreateSession: session is null");
   }
   std::unique_ptr<Session::Impl> impl;
-  Status status = NewSession(impl_->model, /*stateless=*/false, &impl);
+  Status status = NewSession(impl_->Model(), options, /*stateless=*/false, &impl);
   if (!status.ok()) return status;
   session->reset(new Session(std::move(impl)));
   return Status();
@@ -364,9 +463,10 @@ Status MoERuntime::CreateSession(std::unique_ptr<Session>* session) {
 
 Status MoERuntime::Generate(const GenerateRequest& request, const TokenCallback& on_token,
                             GenerateResult* result) {
+  std::lock_guard<std::mutex> one_shot(impl_->one_shot_mutex);
   if (impl_->one_shot == nullptr) {
     std::unique_ptr<Session::Impl> impl;
-    Status status = NewSession(impl_->model, /*stateless=*/true, &impl);
+    Status status = NewSession(impl_->Model(), SessionOptions(), /*stateless=*/true, &impl);
     if (!status.ok()) return status;
     impl_->one_shot.reset(new Session(std::move(impl)));
   }
@@ -374,6 +474,7 @@ Status MoERuntime::Generate(const GenerateRequest& request, const TokenCallback&
 }
 
 GenerationStats MoERuntime::Stats() const {
+  std::lock_guard<std::mutex> one_shot(impl_->one_shot_mutex);
   return impl_->one_shot != nullptr ? impl_->one_shot->Stats() : GenerationStats();
 }
 

@@ -119,6 +119,7 @@ Status Session::Impl::AddImage(const Image& image) {
 }
 
 void Session::Impl::Reset() {
+  std::lock_guard<std::mutex> busy(busy_);
   history_.clear();
   history_images_.clear();
   tokens_.clear();
@@ -382,9 +383,27 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
   return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
 }
 
+Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
+                    std::unique_ptr<model::KvCache> cache, bool stateless)
+    : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {
+  std::lock_guard<std::mutex> lock(model_->sessions_mutex);
+  model_->sessions.push_back(this);
+}
+
 Session::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(model_->sessions_mutex);
+    std::erase(model_->sessions, this);
+  }
   std::lock_guard<std::mutex> lock(model_->forward_mutex);
   (void)model_->model->SaveHotSet();
+}
+
+bool Session::Impl::ReleaseIfIdle() {
+  std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+  if (!busy.owns_lock()) return false;
+  cache_->Release();
+  return true;
 }
 
 model::MemoryStats Session::Impl::MemoryStats() const {
@@ -611,6 +630,7 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
 
 Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallback& on_token,
                                GenerateResult* result) {
+  std::lock_guard<std::mutex> busy(busy_);
   GenerateResult local;
   GenerateResult* out = result != nullptr ? result : &local;
   *out = GenerateResult();
@@ -636,6 +656,9 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_.peak_rss_bytes = runtime::PeakRssBytes();
   const model::MemoryStats after = MemoryStats();
   stats_.budget_bytes = static_cast<int64_t>(after.budget_bytes);
+  stats_.kv_cache_bytes = static_cast<int64_t>(cache_->bytes());
+  stats_.kv_reserved_bytes = static_cast<int64_t>(after.ledger.kv_bytes);
+  stats_.kv_caches = static_cast<int>(after.ledger.kv_caches);
   if (after.expert_pool) {
     const experts::ExpertCacheStats& p = after.pool;
     const experts::ExpertCacheStats& p0 = before.pool;

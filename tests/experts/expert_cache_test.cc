@@ -127,6 +127,66 @@ TEST(ExpertCache, PinnedExpertsAreNeverEvicted) {
   EXPECT_FALSE(cache->IsPinned(0, 1));
 }
 
+TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
+  const TestModel model = Model("limit");
+  auto cache = Cache(model, 4 * 128 * kKiB);  // 4 experts
+  ASSERT_NE(cache, nullptr);
+  for (int e = 0; e < 4; ++e) Use(*cache, model, 0, e);
+  Use(*cache, model, 1, 0);  // full: one evicted for it
+  EXPECT_EQ(cache->stats().used_bytes, 4 * 128 * kKiB);
+
+  // Down to 2 blocks (rounded down to a block): two evicted now.
+  cache->SetPoolLimit(2 * 128 * kKiB + 1000);
+  ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(cache->pool_limit(), 2 * 128 * kKiB);
+  EXPECT_EQ(s.pool_bytes, 2 * 128 * kKiB);
+  EXPECT_EQ(s.capacity_experts, 2u);
+  EXPECT_EQ(s.used_bytes, 2 * 128 * kKiB);
+  EXPECT_EQ(s.committed_bytes, 2 * 128 * kKiB);  // their pages given back
+  EXPECT_EQ(s.free_bytes, 0u);
+  // Every later load stays under the limit, the weights still right.
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      Use(*cache, model, l, e);
+      EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB);
+    }
+  }
+  // Two pinned and a third wanted: the limit's error, the cache usable after it.
+  ASSERT_TRUE(cache->Acquire(0, 0).ok());
+  ASSERT_TRUE(cache->Acquire(0, 1).ok());
+  auto third = cache->Acquire(1, 1);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("limited to 262144 bytes of its 524288"),
+            std::string::npos)
+      << third.status();
+  cache->Release(0, 0);
+  cache->Release(0, 1);
+  // Never below one block, never above the pool; raising it lets the pool fill again.
+  cache->SetPoolLimit(0);
+  EXPECT_EQ(cache->pool_limit(), 128 * kKiB);
+  EXPECT_EQ(cache->stats().used_bytes, 128 * kKiB);
+  cache->SetPoolLimit(uint64_t{1} << 40);
+  EXPECT_EQ(cache->pool_limit(), 4 * 128 * kKiB);
+  for (int e = 0; e < 4; ++e) Use(*cache, model, 1, e);
+  EXPECT_EQ(cache->stats().used_bytes, 4 * 128 * kKiB);
+}
+
+TEST(ExpertCache, EvictUnusedDropsPreloadedExpertsNoStepUsed) {
+  const TestModel model = Model("unused");
+  auto cache = Cache(model, 4 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  const std::vector<HotExpert> hot = {{0, 0, 5}, {0, 1, 4}, {1, 2, 3}};
+  size_t loaded = 0;
+  ASSERT_TRUE(cache->Preload(hot, &loaded).ok());
+  EXPECT_EQ(loaded, 3u);
+  Use(*cache, model, 0, 1);
+  EXPECT_EQ(cache->EvictUnused(), 2u);
+  EXPECT_FALSE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 1));
+  EXPECT_FALSE(cache->IsResident(1, 2));
+  EXPECT_EQ(cache->stats().committed_bytes, 128 * kKiB);
+}
+
 TEST(ExpertCache, LazyRuleKeepsRecentlyUsedExperts) {
   const TestModel model = Model("lazy");
   auto cache = Cache(model, 2 * 128 * kKiB);
