@@ -92,6 +92,8 @@ struct Params {
   std::string mmproj;
   std::string image;
   std::vector<float> image_keep = {1.0f, 0.5f, 0.3f};
+  // Sessions decoding in turn, one test per value (--sessions 1,2,4); empty: pp/tg.
+  std::vector<int> sessions;
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -334,6 +336,22 @@ const std::vector<Flag>& Flags() {
          p.image_keep = values;
          return std::nullopt;
        }},
+      {"", "--sessions", "N[,...]",
+       "N sessions, each with its own KV cache of -p tokens\nof context, decoding -n tokens in "
+       "turn; a list\nruns once per value (the pool shrinks for their\ncaches under a budget)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         std::vector<int> values;
+         for (std::string_view rest = v; !rest.empty();) {
+           const size_t comma = rest.find(',');
+           const std::optional<int> n = ParseInt(rest.substr(0, comma), 1, 256);
+           if (!n) return std::string("expected session counts in [1, 256], comma separated");
+           values.push_back(*n);
+           rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+         }
+         if (values.empty()) return std::string("expected at least one session count");
+         p.sessions = std::move(values);
+         return std::nullopt;
+       }},
       {"", "--prefetch-depth", "N", "prefetch for the layer N ahead (default 1)",
        IntSetter(&Params::prefetch_depth, 1, 1 << 16, "layers ahead")},
       {"", "--prefetch-protect", "N",
@@ -409,6 +427,9 @@ std::optional<UsageError> ParseArgs(int argc, char** argv, Params& p, bool* help
   if (p.n_prompt == 0 && p.n_gen == 0) return UsageError{"nothing to run: -p and -n are both 0"};
   if (p.expert_pool_mb > 0 && p.expert_pool_fraction > 0) {
     return UsageError{"give either --expert-pool-mb or --expert-pool, not both"};
+  }
+  if (!p.sessions.empty() && (!p.image.empty() || p.n_gen == 0)) {
+    return UsageError{"--sessions runs decode tests: it needs -n > 0 and no --image"};
   }
   if (p.image.empty() != p.mmproj.empty()) {
     return UsageError{"--image and --mmproj go together"};
@@ -553,6 +574,8 @@ std::string UtcNow() {
 struct TestResult {
   int n_prompt = 0;
   int n_gen = 0;
+  int n_depth = 0;     // context each session held before the timed tokens (--sessions)
+  int n_sessions = 0;  // sessions decoding in turn (--sessions); 0: one cache, pp/tg
   std::string test_time;
   std::vector<uint64_t> samples_ns;
   uint64_t peak_rss_bytes = 0;
@@ -576,8 +599,11 @@ struct TestResult {
   uint64_t prefetch_cancelled = 0; // prefetches dropped unread (the layer routed elsewhere)
   uint64_t prefetch_backed_off = 0;
 
-  int n_tokens() const { return n_prompt + n_gen; }
-  std::string name() const { return n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen); }
+  int n_tokens() const { return n_prompt + n_gen * std::max(n_sessions, 1); }
+  std::string name() const {
+    if (n_sessions > 0) return StrCat("tg", n_gen, " x", n_sessions, " @ d", n_depth);
+    return n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen);
+  }
   std::vector<double> samples_ts() const {
     std::vector<double> ts;
     for (uint64_t ns : samples_ns) ts.push_back(1e9 * n_tokens() / static_cast<double>(ns));
@@ -628,16 +654,71 @@ class Bench {
     } else {
       if (auto s = Decode(**cache, 1); !s.ok()) return s.status();
     }
-    const moert::model::MemoryStats before = model_.memory_stats();
-    moert::router::RouterStats routed_before;
-    if (const moert::router::Router* router = model_.router(); router != nullptr) {
-      routed_before = router->stats();
-    }
+    const Counters before = Read();
     for (int i = 0; i < repetitions; ++i) {
       auto ns = n_prompt > 0 ? Prefill(**cache, n_prompt) : Decode(**cache, n_gen);
       if (!ns.ok()) return ns.status();
       r.samples_ns.push_back(*ns);
     }
+    Summarize(before, repetitions, r);
+    return r;
+  }
+
+  // --sessions: n_sessions caches, each prefilled with `depth` tokens (untimed), then
+  // n_gen tokens of each in turn per repetition.
+  absl::StatusOr<TestResult> RunSessions(int n_sessions, int depth, int n_gen, int repetitions) {
+    TestResult r;
+    r.n_gen = n_gen;
+    r.n_depth = depth;
+    r.n_sessions = n_sessions;
+    r.test_time = UtcNow();
+    std::vector<std::unique_ptr<moert::model::KvCache>> caches;
+    for (int i = 0; i < n_sessions; ++i) {
+      auto cache = model_.NewKvCache(depth + n_gen * repetitions + 1);
+      if (!cache.ok()) {
+        return absl::Status(cache.status().code(),
+                            StrCat("session ", i + 1, " of ", n_sessions, ": ",
+                                   cache.status().message()));
+      }
+      caches.push_back(std::move(*cache));
+      if (depth > 0) {
+        if (auto s = Prefill(*caches.back(), depth); !s.ok()) return s.status();
+      }
+      if (auto s = Step(*caches.back()); !s.ok()) return s;  // warm-up
+    }
+    const Counters before = Read();
+    for (int rep = 0; rep < repetitions; ++rep) {
+      const uint64_t start = NowNs();
+      for (int t = 0; t < n_gen; ++t) {
+        for (auto& cache : caches) {
+          if (auto s = Step(*cache); !s.ok()) return s;
+        }
+      }
+      r.samples_ns.push_back(std::max<uint64_t>(1, NowNs() - start));
+    }
+    Summarize(before, repetitions, r);
+    return r;
+  }
+
+ private:
+  struct Counters {
+    moert::model::MemoryStats memory;
+    moert::router::RouterStats routed;
+  };
+
+  Counters Read() const {
+    Counters c;
+    c.memory = model_.memory_stats();
+    if (const moert::router::Router* router = model_.router(); router != nullptr) {
+      c.routed = router->stats();
+    }
+    return c;
+  }
+
+  // What the pool, the prefetcher and the router did since `start`, per token.
+  void Summarize(const Counters& start, int repetitions, TestResult& r) {
+    const moert::model::MemoryStats& before = start.memory;
+    const moert::router::RouterStats& routed_before = start.routed;
     r.peak_rss_bytes = PeakRssBytes();
     r.memory = model_.memory_stats();
     const moert::experts::ExpertCacheStats& a = r.memory.pool;
@@ -673,10 +754,14 @@ class Bench {
         r.router_changed = static_cast<double>(s.changed - routed_before.changed) / static_cast<double>(n);
       }
     }
-    return r;
   }
 
- private:
+  // One decode step with a random token.
+  absl::Status Step(moert::model::KvCache& cache) {
+    const std::vector<int32_t> token = Tokens(1);
+    return model_.Forward(token, &cache, moert::model::LogitsFor::kLast, &logits_);
+  }
+
   // Random token ids, drawn outside the timed region.
   std::vector<int32_t> Tokens(int n) {
     std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(model_.spec().n_vocab) - 1);
@@ -793,7 +878,9 @@ class JsonPrinter : public Printer {
         {"type_v", JsonString(info_.cache_type)},
         {"n_prompt", StrCat(r.n_prompt)},
         {"n_gen", StrCat(r.n_gen)},
-        {"n_depth", "0"},
+        {"n_depth", StrCat(r.n_depth)},
+        {"n_sessions", StrCat(r.n_sessions)},
+        {"kv_cache_bytes", StrCat(r.memory.ledger.kv_bytes)},
         {"test_time", JsonString(r.test_time)},
         {"avg_ns", StrCat(static_cast<uint64_t>(std::llround(Mean(ns))))},
         {"stddev_ns", StrCat(static_cast<uint64_t>(std::llround(StdDev(ns))))},
@@ -1066,8 +1153,13 @@ int Run(const Params& p) {
     options.backend = p.backend;
     options.opencl_pooled_experts = p.pooled_experts;
     options.opencl_kv_half = p.kv_half;
-    // Each test has its own KV cache, one after the other.
+    // Each test has its own KV cache, one after the other; --sessions: the budget sets
+    // one session's aside, and the pool shrinks for the others' (to its floor).
     options.kv_cache_positions = p.image.empty() ? std::max(p.n_prompt, p.n_gen) : 4096;
+    if (!p.sessions.empty()) {
+      options.kv_cache_positions = p.n_prompt + p.n_gen * p.repetitions + 1;
+      options.shrink_pool_for_kv = true;
+    }
     auto loaded = moert::model::Model::Load(**file, options);
     if (!loaded.ok()) return Fail(StrCat("cannot load ", path, ": ", loaded.status().message()));
     model = std::move(*loaded);
@@ -1117,8 +1209,9 @@ int Run(const Params& p) {
   }
   Bench bench(*model, /*seed=*/1234);
   std::vector<std::pair<int, int>> tests;
-  if (p.n_prompt > 0) tests.emplace_back(p.n_prompt, 0);
-  if (p.n_gen > 0) tests.emplace_back(0, p.n_gen);
+  if (p.n_prompt > 0 && p.sessions.empty()) tests.emplace_back(p.n_prompt, 0);
+  if (p.n_gen > 0 && p.sessions.empty()) tests.emplace_back(0, p.n_gen);
+  for (int n : p.sessions) tests.emplace_back(-n, p.n_gen);  // negative: sessions
   printer->Header();
   int rc = 0;
   for (const bool prefetch : p.prefetch) {
@@ -1127,12 +1220,17 @@ int Run(const Params& p) {
       break;
     }
     for (const auto& [n_prompt, n_gen] : tests) {
+      const int n_sessions = n_prompt < 0 ? -n_prompt : 0;
       const std::string name =
-          StrCat(n_prompt > 0 ? StrCat("pp", n_prompt) : StrCat("tg", n_gen),
+          StrCat(n_sessions > 0 ? StrCat("tg", n_gen, " x", n_sessions, " sessions")
+                 : n_prompt > 0 ? StrCat("pp", n_prompt)
+                                : StrCat("tg", n_gen),
                  p.prefetch.size() > 1 ? (prefetch ? " prefetch on" : " prefetch off") : "");
       std::fprintf(stderr, "%s: %s: warm-up and %d repetition(s), %d thread(s)\n", kTool,
                    name.c_str(), p.repetitions, info.n_threads);
-      auto result = bench.Run(n_prompt, n_gen, p.repetitions);
+      auto result = n_sessions > 0
+                        ? bench.RunSessions(n_sessions, p.n_prompt, n_gen, p.repetitions)
+                        : bench.Run(n_prompt, n_gen, p.repetitions);
       if (!result.ok()) {
         rc = Fail(StrCat(name, " failed: ", result.status().message()));
         break;

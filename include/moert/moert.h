@@ -7,7 +7,10 @@
  * or a NULL required argument gives MOERT_INVALID_ARGUMENT. No C++ exception ever
  * leaves these functions. Strings are UTF-8 and NUL-terminated; the library copies
  * what it keeps. A handle is used from one thread at a time, except
- * moert_session_cancel(), which may be called from any thread. */
+ * moert_session_cancel(), moert_runtime_set_temperature() and moert_runtime_trim(),
+ * which may be called from any thread (they leave the handle's last error alone), and
+ * moert_session_create*(), which may run on several threads at once for one runtime
+ * (each then reads its error only through the session it got, or its own calls). */
 #ifndef MOERT_MOERT_H_
 #define MOERT_MOERT_H_
 
@@ -159,6 +162,9 @@ typedef struct moert_memory_stats {
   double expert_bytes_read_per_token; /**< bytes read from the model file per token */
   double expert_stall_ms_per_token;   /**< time waiting for experts to load per token */
   int64_t peak_rss_bytes;             /**< the process's peak resident memory so far */
+  int64_t kv_cache_bytes;    /**< this session's KV cache, reserved in the budget in full */
+  int64_t kv_reserved_bytes; /**< the KV caches of every session of the model */
+  int32_t kv_caches;         /**< how many sessions hold one */
 } moert_memory_stats;
 
 /** Called while a model loads with the fraction done, rising to exactly 1.0. */
@@ -225,6 +231,15 @@ MOERT_API moert_status moert_runtime_load_mmproj(moert_runtime* runtime, const c
 /** Creates a session on the loaded model; MOERT_FAILED_PRECONDITION when no model
  * is loaded. */
 MOERT_API moert_status moert_session_create(moert_runtime* runtime, moert_session** session);
+
+/** As moert_session_create() with a KV cache of `context_length` positions (0: the
+ * runtime's, moert_runtime_context_length()). Every session's cache is reserved in the
+ * memory budget in full: MOERT_RESOURCE_EXHAUSTED, naming the numbers, when it does not
+ * fit (see moert_runtime_set_session_pool_shrink()); MOERT_INVALID_ARGUMENT for a
+ * negative length. */
+MOERT_API moert_status moert_session_create_with_context(moert_runtime* runtime,
+                                                         int32_t context_length,
+                                                         moert_session** session);
 
 /** Destroys a session (NULL is ignored). */
 MOERT_API void moert_session_destroy(moert_session* session);
@@ -308,6 +323,26 @@ MOERT_API moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int ena
  * expert pool or with the hot set off). MOERT_FAILED_PRECONDITION when no model is
  * loaded. */
 MOERT_API moert_status moert_runtime_save_hot_set(moert_runtime* runtime);
+
+/** For the models loaded from now on: a session whose KV cache does not fit what the
+ * memory budget has left takes the bytes from the expert pool (non-zero `enabled`),
+ * down to `floor_bytes` (0: the experts of one token in every layer), instead of failing
+ * with MOERT_RESOURCE_EXHAUSTED (0, the default). The pool grows back as sessions end.
+ * MOERT_INVALID_ARGUMENT for a negative floor. */
+MOERT_API moert_status moert_runtime_set_session_pool_shrink(moert_runtime* runtime, int enabled,
+                                                             int64_t floor_bytes);
+
+/** Gives memory back, as Android's ComponentCallbacks2.onTrimMemory(level) asks: pass
+ * the app's level through. 5 (running moderate): the expert pool to 75%; 10 (running
+ * low) and 20 (UI hidden): to 50%, and experts a hot-set preload brought in unused are
+ * evicted; 15 (running critical), 40 (background) and 60 (moderate): the pool to its
+ * floor; 80 (complete): also the KV caches of sessions not generating are freed (their
+ * next request evaluates their context again, with the same output). Other values: the
+ * nearest level below. 0: lift the cap. The pool shrinks at once when no step runs,
+ * else before the next step; routing reads the level as device memory pressure. Any
+ * thread; it does not change moert_last_error() on success. MOERT_INVALID_ARGUMENT for
+ * a negative level. */
+MOERT_API moert_status moert_runtime_trim(moert_runtime* runtime, int32_t level);
 
 /** The memory figures of the session's last generation. */
 MOERT_API moert_status moert_session_memory_stats(const moert_session* session,

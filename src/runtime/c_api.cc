@@ -258,13 +258,20 @@ moert_status moert_runtime_context_length(const moert_runtime* runtime, int32_t*
 }
 
 moert_status moert_session_create(moert_runtime* runtime, moert_session** session) {
+  return moert_session_create_with_context(runtime, 0, session);
+}
+
+moert_status moert_session_create_with_context(moert_runtime* runtime, int32_t context_length,
+                                               moert_session** session) {
   constexpr char kName[] = "moert_session_create";
   if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
   return Guard(&runtime->last_error, kName, [&]() -> moert_status {
     if (session == nullptr) return NullArgument(&runtime->last_error, kName, "session");
     *session = nullptr;
     auto handle = std::make_unique<moert_session>();
-    const moert::Status status = runtime->runtime->CreateSession(&handle->session);
+    moert::SessionOptions options;
+    options.context_length = context_length;
+    const moert::Status status = runtime->runtime->CreateSession(options, &handle->session);
     if (!status.ok()) return Report(&runtime->last_error, status);
     runtime->last_error.clear();
     *session = handle.release();
@@ -475,11 +482,34 @@ moert_status moert_runtime_set_prefetch(moert_runtime* runtime, int enabled, int
 moert_status moert_runtime_set_temperature(moert_runtime* runtime, float celsius) {
   constexpr char kName[] = "moert_runtime_set_temperature";
   if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
-  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+  // Any thread: it leaves the handle's last error alone (another thread may be in a
+  // call that sets it).
+  try {
     runtime->runtime->SetTemperature(celsius);
-    runtime->last_error.clear();
     return MOERT_OK;
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
+moert_status moert_runtime_set_session_pool_shrink(moert_runtime* runtime, int enabled,
+                                                   int64_t floor_bytes) {
+  return SetOption(runtime, "moert_runtime_set_session_pool_shrink", [&](moert::RuntimeOptions& o) {
+    o.shrink_pool_for_sessions = enabled != 0;
+    o.expert_pool_floor_bytes = floor_bytes;
   });
+}
+
+moert_status moert_runtime_trim(moert_runtime* runtime, int32_t level) {
+  constexpr char kName[] = "moert_runtime_trim";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  try {
+    const moert::Status status = runtime->runtime->TrimMemory(level);
+    // Any thread: an error goes to the calling thread's slot, never the handle's.
+    return status.ok() ? MOERT_OK : Report(nullptr, status);
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
 }
 
 moert_status moert_runtime_set_memory_budget(moert_runtime* runtime, int64_t bytes) {
@@ -549,6 +579,9 @@ moert_status moert_session_memory_stats(const moert_session* session, moert_memo
     stats->expert_bytes_read_per_token = s.expert_bytes_read_per_token;
     stats->expert_stall_ms_per_token = s.expert_stall_ms_per_token;
     stats->peak_rss_bytes = s.peak_rss_bytes;
+    stats->kv_cache_bytes = s.kv_cache_bytes;
+    stats->kv_reserved_bytes = s.kv_reserved_bytes;
+    stats->kv_caches = s.kv_caches;
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;

@@ -264,6 +264,11 @@ Status CheckOptions(RuntimeOptions* options) {
                   StrCat("memory_budget_bytes and expert_pool_bytes must be >= 0 (0: unset), got ",
                          options->memory_budget_bytes, " and ", options->expert_pool_bytes));
   }
+  if (options->expert_pool_floor_bytes < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("expert_pool_floor_bytes must be >= 0 (0: one token's experts per layer), "
+                         "got ", options->expert_pool_floor_bytes));
+  }
   if (!(options->expert_pool_fraction >= 0 && options->expert_pool_fraction <= 1)) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("expert_pool_fraction must be in (0, 1] (0: unset), got ",

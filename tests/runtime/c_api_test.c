@@ -333,6 +333,42 @@ int main(int argc, char** argv) {
     CHECK(memory.peak_rss_bytes > 0);
     CHECK_STATUS(moert_runtime_save_hot_set(runtime), MOERT_OK); /* off: nothing written */
     CHECK_STATUS(moert_runtime_save_hot_set(NULL), MOERT_INVALID_ARGUMENT);
+
+    /* Every session's KV cache is in the budget: 64 positions of 4 KiB here. */
+    CHECK(memory.kv_caches == 1);
+    CHECK(memory.kv_cache_bytes == 64 * 4096 && memory.kv_reserved_bytes == 64 * 4096);
+    {
+      moert_session* second = NULL;
+      CHECK_STATUS(moert_session_create_with_context(runtime, -1, &second),
+                   MOERT_INVALID_ARGUMENT);
+      CHECK(second == NULL);
+      CHECK(strstr(moert_last_error(runtime), "context_length") != NULL);
+      CHECK_STATUS(moert_session_create_with_context(runtime, 32, &second), MOERT_OK);
+      if (second != NULL) {
+        reset_tokens(&tokens, 0);
+        params.max_tokens = 4;
+        CHECK_STATUS(moert_session_generate(second, &params, on_token, &tokens), MOERT_OK);
+        CHECK_STATUS(moert_session_memory_stats(second, &memory), MOERT_OK);
+        CHECK(memory.kv_caches == 2 && memory.kv_cache_bytes == 32 * 4096);
+        CHECK(memory.kv_reserved_bytes == (64 + 32) * 4096);
+        params.max_tokens = n_resident;
+        moert_session_destroy(second);
+      }
+    }
+    /* Trim from any level: the idle session's cache is freed, its output unchanged. */
+    CHECK_STATUS(moert_runtime_trim(NULL, 80), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_trim(runtime, -1), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(NULL), "trim level") != NULL);
+    CHECK_STATUS(moert_runtime_trim(runtime, 80), MOERT_OK);
+    CHECK_STATUS(moert_session_reset(session), MOERT_OK);
+    reset_tokens(&tokens, 0);
+    CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_OK);
+    CHECK(tokens.n_ids == n_resident);
+    for (i = 0; i < n_resident && i < tokens.n_ids; ++i) CHECK(tokens.ids[i] == resident[i]);
+    CHECK_STATUS(moert_runtime_trim(runtime, 0), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_session_pool_shrink(runtime, 1, -1), MOERT_INVALID_ARGUMENT);
+    CHECK(strstr(moert_last_error(runtime), "expert_pool_floor_bytes") != NULL);
+    CHECK_STATUS(moert_runtime_set_session_pool_shrink(runtime, 1, 0), MOERT_OK);
     moert_session_destroy(session);
     moert_runtime_destroy(runtime);
   }

@@ -3,7 +3,8 @@
 # and the numbers consistent with each other (samples per repetition, avg/stddev of
 # samples_ts, the isa forced through MOERT_ISA). Used by the moert-bench tests.
 #   -D CMD="prog;arg;..."        the command (with -o json)
-#   -D TESTS="8,0;0,4"           n_prompt,n_gen of each record, in order
+#   -D TESTS="8,0;0,4"           n_prompt,n_gen of each record, in order; a --sessions
+#                                record: depth,n_gen,n_sessions (its n_prompt is 0)
 #   -D REPS=2  -D THREADS=1      repetitions and threads the records must say
 #   -D MODEL_TYPE=regex          what model_type must match
 #   -D MODEL_FILENAME=string     what model_filename must be
@@ -101,12 +102,22 @@ set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate
     expert_bytes_read_per_token expert_stall_ms_per_token router_alpha dynamic_k average_k
     router_changed prefetch_depth prefetch_precision prefetch_recall loads_hidden
-    loads_waited loads_streamed streamed_hidden prefetch_cancelled)
+    loads_waited loads_streamed streamed_hidden prefetch_cancelled n_sessions kv_cache_bytes)
 set(i 0)
 foreach(test IN LISTS TESTS)
   string(REPLACE "," ";" test "${test}")
   list(GET test 0 n_prompt)
   list(GET test 1 n_gen)
+  list(LENGTH test n_fields)
+  set(n_sessions 0)
+  set(n_depth 0)
+  set(per_step 1)
+  if(n_fields EQUAL 3)
+    list(GET test 2 n_sessions)
+    set(n_depth ${n_prompt})
+    set(n_prompt 0)
+    set(per_step ${n_sessions})
+  endif()
   expect_type(OBJECT ${i})
   foreach(field IN LISTS string_fields)
     expect_type(STRING ${i} ${field})
@@ -120,6 +131,8 @@ foreach(test IN LISTS TESTS)
 
   expect_equal(${n_prompt} ${i} n_prompt)
   expect_equal(${n_gen} ${i} n_gen)
+  expect_equal(${n_sessions} ${i} n_sessions)
+  expect_equal(${n_depth} ${i} n_depth)
   expect_equal(${THREADS} ${i} n_threads)
   expect_equal("${isa}" ${i} isa)
   expect_equal("CPU" ${i} backends)
@@ -180,7 +193,7 @@ foreach(test IN LISTS TESTS)
   endif()
   set(sum_ns 0)
   set(sum_ts 0)
-  math(EXPR n_tokens "${n_prompt} + ${n_gen}")
+  math(EXPR n_tokens "${n_prompt} + ${n_gen} * ${per_step}")
   math(EXPR last "${REPS} - 1")
   foreach(j RANGE ${last})
     expect_type(NUMBER ${i} samples_ns ${j})
