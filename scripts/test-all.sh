@@ -2,12 +2,13 @@
 # Sets up and runs every test of moert (this is what CI runs, through .ci/run):
 #   1. x86_64 build, warnings as errors, unit + tool + install tests
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   2b. the runtime, experts, pipeline and memory tests under ThreadSanitizer
 #   3. aarch64 cross build (no benchmarks: their kernels' bits are the unit tests'),
 #      its tests under qemu-aarch64 -cpu max
 #   (tests labelled `slow`, the full perplexity runs, only run in step 1)
 #   4. the GGUF fuzzer (libFuzzer) for a bounded time
 # Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
-# change the fuzzing time (default 60), MOERT_SKIP="aarch64 asan fuzz" to skip steps.
+# change the fuzzing time (default 60), MOERT_SKIP="aarch64 asan tsan fuzz" to skip steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${MOERT_BUILD_ROOT:-build}
@@ -32,6 +33,19 @@ if [[ $skip != *" asan "* ]]; then
   cmake --build "$root/asan" -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$root/asan" --output-on-failure -j "$jobs" -E '^install\.' -LE slow
+fi
+
+if [[ $skip != *" tsan "* ]]; then
+  # The calls documented for any thread, the loader's and prefetcher's threads, the
+  # budget's ledger: the modules with threads of their own. No OpenCL (PoCL's threads
+  # are not instrumented); the compute pool's hand-offs are annotated (core/thread_pool).
+  step "x86_64: runtime, experts, pipeline and memory tests under ThreadSanitizer"
+  cmake -S . -B "$root/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON \
+    -DMOERT_TSAN=ON -DMOERT_OPENCL=OFF -DMOERT_BUILD_BENCH=OFF -DMOERT_BUILD_TOOLS=OFF
+  cmake --build "$root/tsan" -j "$jobs" --target runtime_test experts_test pipeline_test memory_test
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir "$root/tsan" --output-on-failure -j "$jobs" -LE slow \
+    -R '^(Runtime|Session|ThreadSafety|MemoryBudget|ExpertCache|Loader|ExpertDirectory|Checksum|HotSet|IoMode|Prefetch|Oracle/Prefetch|MoeScheduler|Buddy|Budget|Tiered|CoPlacement|Defrag)'
 fi
 
 if [[ $skip != *" aarch64 "* ]]; then

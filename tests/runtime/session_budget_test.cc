@@ -275,6 +275,9 @@ bool ResetPeakRss() {
 }
 
 TEST(SessionBudgetTest, PeakRssStaysWithinTheBudgetWhileTwoLongSessionsGenerateInTurn) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory is in the resident set";
+#endif
   if (!ResetPeakRss() || ReadRss().peak == 0) {
     GTEST_SKIP() << "/proc/self/clear_refs or VmHWM is not available here";
   }
