@@ -17,6 +17,7 @@
 #include "model/layers.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
+#include "router/temp_dir.h"
 
 namespace moert::router {
 namespace {
@@ -267,27 +268,6 @@ TEST(RouterTest, BadOptionsAreNamed) {
   options.k_max = 2;
   EXPECT_FALSE(Router::Validate(options).ok());
   EXPECT_TRUE(Router::Validate(RouterOptions{}).ok());
-}
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("moert-router-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-             "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-void WriteFile(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::create_directories(path.parent_path());
-  std::ofstream(path) << text;
 }
 
 TEST(ResourceMonitorTest, ReadsTheHottestCpuZone) {
