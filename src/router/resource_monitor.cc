@@ -35,7 +35,10 @@ bool LooksLikeCpu(std::string type) {
 }  // namespace
 
 ResourceMonitor::ResourceMonitor(ResourceMonitorOptions options)
-    : options_(std::move(options)), pressure_override_(kNone), host_temperature_(kNone) {
+    : options_(std::move(options)),
+      pressure_override_(kNone),
+      host_temperature_(kNone),
+      device_reader_(options_.device_memory_root, options_.device_memory_poll_ms) {
   std::error_code ec;
   std::filesystem::directory_iterator it(options_.thermal_root, ec);
   if (ec) return;  // no sysfs (or not readable): the host may still report a temperature
@@ -48,11 +51,43 @@ ResourceMonitor::ResourceMonitor(ResourceMonitorOptions options)
   std::sort(zones_.begin(), zones_.end());
 }
 
-float ResourceMonitor::MemoryPressure(uint64_t wanted) const {
-  const float fixed = pressure_override_.load(std::memory_order_relaxed);
-  if (!std::isnan(fixed)) return fixed;
+float ResourceMonitor::PoolPressure(uint64_t wanted) const {
   if (capacity_ == 0 || wanted <= capacity_) return 0.0f;
   return static_cast<float>(static_cast<double>(wanted - capacity_) / static_cast<double>(wanted));
+}
+
+float ResourceMonitor::DevicePressure() {
+  const DeviceMemoryReading& reading = device_reader_.Read();
+  DeviceMemoryStats stats;
+  if (reading.psi.some) stats.psi_some_avg10 = reading.psi.some->avg10;
+  if (reading.psi.full) stats.psi_full_avg10 = reading.psi.full->avg10;
+  stats.mem_available_bytes = reading.meminfo.available_bytes;
+  stats.mem_total_bytes = reading.meminfo.total_bytes;
+  stats.trim_level = trim_level();
+  stats.pressure = DeviceMemoryPressure(reading, stats.trim_level, options_.device_pressure);
+  std::lock_guard<std::mutex> lock(device_stats_mutex_);
+  device_stats_ = stats;
+  return stats.pressure;
+}
+
+float ResourceMonitor::MemoryPressure(uint64_t wanted) {
+  const float device = DevicePressure();
+  const float fixed = pressure_override_.load(std::memory_order_relaxed);
+  if (!std::isnan(fixed)) return fixed;
+  return std::max(PoolPressure(wanted), device);
+}
+
+void ResourceMonitor::SetTrimLevel(TrimLevel level) {
+  trim_level_.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+TrimLevel ResourceMonitor::trim_level() const {
+  return static_cast<TrimLevel>(trim_level_.load(std::memory_order_relaxed));
+}
+
+DeviceMemoryStats ResourceMonitor::device_stats() const {
+  std::lock_guard<std::mutex> lock(device_stats_mutex_);
+  return device_stats_;
 }
 
 void ResourceMonitor::OverridePressure(std::optional<float> pressure) {

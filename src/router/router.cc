@@ -114,7 +114,11 @@ void Router::BeginStep() {
   pressure_ = 0;
   throttled_ = false;
   if (monitor_ == nullptr) return;
-  pressure_ = monitor_->MemoryPressure(WantedExperts(monitor_->options().pressure_window_steps));
+  const uint64_t wanted = WantedExperts(monitor_->options().pressure_window_steps);
+  pressure_ = monitor_->MemoryPressure(wanted);
+  stats_.pressure = pressure_;
+  stats_.pool_pressure = monitor_->PoolPressure(wanted);
+  stats_.device = monitor_->device_stats();
   throttled_ = monitor_->ThermalThrottled();
 }
 

@@ -14,6 +14,7 @@
 //              p reaches dynamic_k_p
 // Slots past a token's k hold expert -1 and weight 0 (dynamic and thermal k).
 //
+// pressure = max(pool pressure, device memory pressure) (router/resource_monitor.h).
 // With pressure 0, lambda 0, a normal temperature and dynamic k off, the experts and
 // weights are bit for bit those of model::RouteToken (the reference path).
 #ifndef MOERT_ROUTER_ROUTER_H_
@@ -61,6 +62,11 @@ struct RouterStats {
   uint64_t changed = 0;       // of those, where an adjustment changed the chosen set
   uint64_t experts = 0;       // experts chosen in all (average k = experts / token_layers)
   uint64_t thermal_drops = 0; // token-layers whose k the thermal limit lowered
+  // What the last BeginStep read (gauges, not counts): the pressure it routed with, the
+  // pool's share of it, and the device readings (ResourceMonitor::MemoryPressure).
+  float pressure = 0;
+  float pool_pressure = 0;
+  DeviceMemoryStats device;
 
   double average_k() const {
     return token_layers == 0 ? 0.0 : static_cast<double>(experts) / static_cast<double>(token_layers);
@@ -94,7 +100,8 @@ class Router {
   int slots(int n_used) const;
 
   // Starts a forward pass (one decode step or prefill micro-batch): the monitor's
-  // pressure and temperature are read once here and hold for the whole pass.
+  // pressure (pool and device) and temperature are read once here and hold for the
+  // whole pass.
   void BeginStep();
 
   // Routes `n` tokens of `layer`: logits [n][n_expert] in, experts and weights

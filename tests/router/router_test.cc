@@ -4,6 +4,7 @@
 // router/router.h says, on hand-made logits.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -11,12 +12,14 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/config.h"
 #include "model/layers.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
+#include "router/temp_dir.h"
 
 namespace moert::router {
 namespace {
@@ -56,40 +59,82 @@ std::vector<float> Probabilities(const std::vector<float>& logits) {
   return p;
 }
 
+// Where a test's monitor gets the device's memory state from; never this machine's /proc,
+// whose pressure would make the tests depend on what else runs.
+enum class DeviceSource {
+  kOff,     // device_memory_root empty: nothing read
+  kAbsent,  // a root without the files (no /proc/pressure, as on many phones)
+  kIdle,    // fake files: no PSI stalls, three quarters of the memory available
+};
+constexpr DeviceSource kDeviceSources[] = {DeviceSource::kOff, DeviceSource::kAbsent,
+                                           DeviceSource::kIdle};
+
+constexpr char kIdlePsi[] =
+    "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+constexpr char kIdleMemInfo[] = "MemTotal:       16777216 kB\nMemAvailable:   12582912 kB\n";
+constexpr uint64_t kIdleAvailableBytes = uint64_t{12} << 30;
+
+void WriteDeviceFiles(const TempDir& dir, const std::string& psi, const std::string& meminfo) {
+  WriteFile(dir.path() / "proc/pressure/memory", psi);
+  WriteFile(dir.path() / "proc/meminfo", meminfo);
+}
+
+// `options` reading the device from `source` (files under `dir`), re-read at every step.
+ResourceMonitorOptions WithDevice(DeviceSource source, const TempDir& dir,
+                                  ResourceMonitorOptions options = {}) {
+  options.device_memory_poll_ms = 0;
+  options.device_memory_root = source == DeviceSource::kOff ? "" : (dir.path() / "proc").string();
+  std::filesystem::remove_all(dir.path() / "proc");
+  if (source == DeviceSource::kIdle) WriteDeviceFiles(dir, kIdlePsi, kIdleMemInfo);
+  return options;
+}
+
+ResourceMonitorOptions WithoutDevice(ResourceMonitorOptions options = {}) {
+  options.device_memory_root = "";
+  return options;
+}
+
 class RouterIsaTest : public ::testing::TestWithParam<kernels::Isa> {};
 
 TEST_P(RouterIsaTest, WithoutAdjustmentsEqualsTheReferenceBitForBit) {
   auto config = kernels::KernelConfigFor(GetParam());
   ASSERT_TRUE(config.ok()) << config.status();
+  TempDir dir;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (int n_expert : {8, 60, 64, 128, 256, 300}) {
-    for (int k : {1, 2, 4, 8}) {
-      for (bool renormalize : {false, true}) {
-        ResourceMonitor monitor;  // no pool, no thermal limit: pressure 0
-        Router router(*config, RouterOptions{}, 1, n_expert, &monitor);
-        router.BeginStep();
-        for (int trial = 0; trial < 50; ++trial) {
-          std::vector<float> logits(static_cast<size_t>(n_expert));
-          for (float& v : logits) v = normal(rng);
-          if (trial % 5 == 0) {
-            // Ties: the reference breaks them toward the lower index.
-            for (float& v : logits) v = std::round(v);
+  for (DeviceSource source : kDeviceSources) {
+    for (int n_expert : {8, 60, 64, 128, 256, 300}) {
+      for (int k : {1, 2, 4, 8}) {
+        for (bool renormalize : {false, true}) {
+          // No pool, no thermal limit, an idle device or none: pressure 0.
+          ResourceMonitor monitor(WithDevice(source, dir));
+          Router router(*config, RouterOptions{}, 1, n_expert, &monitor);
+          router.BeginStep();
+          for (int trial = 0; trial < 50; ++trial) {
+            std::vector<float> logits(static_cast<size_t>(n_expert));
+            for (float& v : logits) v = normal(rng);
+            if (trial % 5 == 0) {
+              // Ties: the reference breaks them toward the lower index.
+              for (float& v : logits) v = std::round(v);
+            }
+            std::vector<int> want(static_cast<size_t>(k));
+            std::vector<float> want_w(static_cast<size_t>(k));
+            model::RouteToken(logits.data(), n_expert, k, renormalize, want.data(), want_w.data());
+            // Every expert resident under full pressure is no adjustment either.
+            const std::vector<uint64_t> all(static_cast<size_t>((n_expert + 63) / 64),
+                                            ~uint64_t{0});
+            const Routed got = Route(router, 0, logits, k, renormalize, all);
+            ASSERT_EQ(got.experts, want) << "E " << n_expert << " k " << k;
+            for (int i = 0; i < k; ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(got.weights[static_cast<size_t>(i)]),
+                        std::bit_cast<uint32_t>(want_w[static_cast<size_t>(i)]));
+            }
           }
-          std::vector<int> want(static_cast<size_t>(k));
-          std::vector<float> want_w(static_cast<size_t>(k));
-          model::RouteToken(logits.data(), n_expert, k, renormalize, want.data(), want_w.data());
-          // Every expert resident under full pressure is no adjustment either.
-          const std::vector<uint64_t> all(static_cast<size_t>((n_expert + 63) / 64), ~uint64_t{0});
-          const Routed got = Route(router, 0, logits, k, renormalize, all);
-          ASSERT_EQ(got.experts, want) << "E " << n_expert << " k " << k;
-          for (int i = 0; i < k; ++i) {
-            ASSERT_EQ(std::bit_cast<uint32_t>(got.weights[static_cast<size_t>(i)]),
-                      std::bit_cast<uint32_t>(want_w[static_cast<size_t>(i)]));
-          }
+          EXPECT_EQ(router.stats().changed, 0u);
+          EXPECT_EQ(router.stats().average_k(), k);
+          EXPECT_EQ(router.pressure(), 0.0f);
         }
-        EXPECT_EQ(router.stats().changed, 0u);
-        EXPECT_EQ(router.stats().average_k(), k);
       }
     }
   }
@@ -145,7 +190,7 @@ TEST(RouterTest, ResidencyPenaltyPrefersResidentExpertsUnderPressure) {
 }
 
 TEST(RouterTest, PressureIsTheWantedWorkingSetBeyondThePool) {
-  ResourceMonitorOptions monitor_options;
+  ResourceMonitorOptions monitor_options = WithoutDevice();
   monitor_options.pressure_window_steps = 2;
   ResourceMonitor monitor(monitor_options);
   Router router(kernels::GetKernelConfig(), RouterOptions{}, 2, 8, &monitor);
@@ -170,6 +215,197 @@ TEST(RouterTest, PressureIsTheWantedWorkingSetBeyondThePool) {
   Route(router, 0, logits, 2, true);
   router.BeginStep();
   EXPECT_EQ(router.WantedExperts(2), 2u);
+  EXPECT_EQ(router.pressure(), 0.0f);
+}
+
+// Every decision of a run that mixes pool pressure (a pool that fits, then one that does
+// not), partly resident experts, the thermal limit, dynamic k and a modality bias.
+struct Trace {
+  std::vector<int> experts;
+  std::vector<uint32_t> weight_bits;
+  std::vector<float> pressures;
+  RouterStats stats;
+};
+
+Trace RouteMixedRun(ResourceMonitorOptions monitor_options) {
+  constexpr int kLayers = 2, kExperts = 64, kTokens = 3, kUsed = 4;
+  monitor_options.thermal_limit_c = 70;
+  monitor_options.thermal_root = "/nonexistent";
+  ResourceMonitor monitor(monitor_options);
+  RouterOptions options;
+  options.modality_lambda = 1;
+  Router router(kernels::GetKernelConfig(), options, kLayers, kExperts, &monitor);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> bias(kLayers * kExperts);
+  for (float& b : bias) b = normal(rng) / 4;
+  EXPECT_TRUE(router.SetModalityBias(bias).ok());
+  Trace trace;
+  for (int step = 0; step < 40; ++step) {
+    monitor.set_pool_capacity(step < 10 ? 1000 : 12);
+    monitor.SetTemperature(step % 7 == 3 ? 90.0f : 40.0f);
+    options.dynamic_k_p = step >= 20 && step < 30 ? 0.7f : 0;
+    options.k_max = options.dynamic_k_p > 0 ? 6 : 0;
+    router.set_options(options);
+    router.SetImageShare(step % 2 == 1 ? 0.5f : 0);
+    router.BeginStep();
+    trace.pressures.push_back(router.pressure());
+    std::vector<uint64_t> resident(1, static_cast<uint64_t>(rng()) << 32 | rng());
+    for (int layer = 0; layer < kLayers; ++layer) {
+      std::vector<float> logits(kTokens * kExperts);
+      for (float& v : logits) v = normal(rng);
+      const int slots = router.slots(kUsed);
+      std::vector<int> experts(static_cast<size_t>(kTokens * slots));
+      std::vector<float> weights(experts.size());
+      router.Route(layer, logits.data(), kTokens, kUsed, layer == 0, resident, experts.data(),
+                   weights.data());
+      trace.experts.insert(trace.experts.end(), experts.begin(), experts.end());
+      for (float w : weights) trace.weight_bits.push_back(std::bit_cast<uint32_t>(w));
+    }
+  }
+  trace.stats = router.stats();
+  return trace;
+}
+
+TEST(RouterTest, AnIdleDeviceRoutesBitForBitAsNoDeviceSource) {
+  TempDir dir;
+  const Trace want = RouteMixedRun(WithDevice(DeviceSource::kOff, dir));
+  // The run exercises what it should: pressure 0 and above, changed choices, thermal k.
+  EXPECT_EQ(want.pressures.front(), 0.0f);
+  EXPECT_GT(want.pressures.back(), 0.0f);
+  EXPECT_GT(want.stats.changed, 0u);
+  EXPECT_GT(want.stats.thermal_drops, 0u);
+  EXPECT_FALSE(want.stats.device.psi_some_avg10.has_value());
+  for (DeviceSource source : {DeviceSource::kAbsent, DeviceSource::kIdle}) {
+    const Trace got = RouteMixedRun(WithDevice(source, dir));
+    EXPECT_EQ(got.experts, want.experts);
+    EXPECT_EQ(got.weight_bits, want.weight_bits);
+    EXPECT_EQ(got.pressures, want.pressures);
+    EXPECT_EQ(got.stats.changed, want.stats.changed);
+    EXPECT_EQ(got.stats.experts, want.stats.experts);
+    EXPECT_EQ(got.stats.thermal_drops, want.stats.thermal_drops);
+    EXPECT_EQ(got.stats.device.pressure, 0.0f);
+    EXPECT_EQ(got.stats.pressure, got.stats.pool_pressure);
+  }
+  const Trace idle = RouteMixedRun(WithDevice(DeviceSource::kIdle, dir));
+  EXPECT_EQ(idle.stats.device.psi_some_avg10, 0.0f);
+  EXPECT_EQ(idle.stats.device.mem_available_bytes, kIdleAvailableBytes);
+}
+
+TEST(RouterTest, DevicePressurePrefersResidentExpertsAsPoolPressureDoes) {
+  // The residency test's logits: expert 0 leads expert 1 by 0.1 and is not resident.
+  const std::vector<float> logits = {2.0f, 1.9f, 1.0f, 0.5f, -1.0f, 0.0f, 0.2f, 0.1f};
+  const std::vector<uint64_t> resident = Bitmap(8, {1, 2, 5});
+  TempDir dir;
+  ResourceMonitor monitor(WithDevice(DeviceSource::kIdle, dir));
+  monitor.set_pool_capacity(100);  // the working set fits: no pool pressure
+  Router router(kernels::GetKernelConfig(), RouterOptions{}, 1, 8, &monitor);
+  const auto route = [&] {
+    router.BeginStep();
+    return Route(router, 0, logits, 1, true, resident).experts[0];
+  };
+  EXPECT_EQ(route(), 0);
+  EXPECT_EQ(router.pressure(), 0.0f);
+
+  // PSI some avg10 50%: device pressure 1, a penalty of 1 logit.
+  WriteDeviceFiles(dir, "some avg10=50.00 avg60=20.00 avg300=5.00 total=999\n", kIdleMemInfo);
+  EXPECT_EQ(route(), 1);
+  EXPECT_EQ(router.pressure(), 1.0f);
+  EXPECT_EQ(router.stats().pool_pressure, 0.0f);
+  EXPECT_EQ(router.stats().device.psi_some_avg10, 50.0f);
+  EXPECT_FALSE(router.stats().device.psi_full_avg10.has_value());
+  EXPECT_EQ(router.stats().device.pressure, 1.0f);
+  EXPECT_EQ(router.stats().changed, 1u);
+
+  // 6% of the memory available: pressure 0.5.
+  WriteDeviceFiles(dir, kIdlePsi, "MemTotal: 1000000 kB\nMemAvailable: 60000 kB\n");
+  EXPECT_EQ(route(), 1);
+  EXPECT_NEAR(router.pressure(), 0.5f, 1e-5f);
+  EXPECT_EQ(router.stats().device.mem_available_bytes, uint64_t{60000} * 1024);
+
+  // The host's trim level alone: running-moderate is 0.25 (1.75 < 1.9), ui-hidden 0.
+  WriteDeviceFiles(dir, kIdlePsi, kIdleMemInfo);
+  monitor.SetTrimLevel(TrimLevel::kRunningModerate);
+  EXPECT_EQ(route(), 1);
+  EXPECT_EQ(router.pressure(), 0.25f);
+  EXPECT_EQ(router.stats().device.trim_level, TrimLevel::kRunningModerate);
+  monitor.SetTrimLevel(TrimLevel::kUiHidden);
+  EXPECT_EQ(route(), 0);
+  EXPECT_EQ(router.pressure(), 0.0f);
+
+  // alpha 0 turns the penalty off at any pressure.
+  monitor.SetTrimLevel(TrimLevel::kComplete);
+  RouterOptions no_penalty;
+  no_penalty.alpha = 0;
+  router.set_options(no_penalty);
+  EXPECT_EQ(route(), 0);
+  EXPECT_EQ(router.pressure(), 1.0f);
+}
+
+TEST(ResourceMonitorTest, MemoryPressureIsTheLargerOfPoolAndDevice) {
+  TempDir dir;
+  ResourceMonitor monitor(WithDevice(DeviceSource::kIdle, dir));
+  monitor.set_pool_capacity(4);
+  EXPECT_FLOAT_EQ(monitor.MemoryPressure(6), 1.0f / 3.0f);  // 6 wanted, 4 fit; device 0
+  EXPECT_EQ(monitor.MemoryPressure(6), monitor.PoolPressure(6));
+  monitor.SetTrimLevel(TrimLevel::kRunningModerate);  // 0.25 < 1/3
+  EXPECT_FLOAT_EQ(monitor.MemoryPressure(6), 1.0f / 3.0f);
+  EXPECT_EQ(monitor.MemoryPressure(2), 0.25f);  // the pool fits; the device does not
+  monitor.SetTrimLevel(TrimLevel::kRunningLow);
+  EXPECT_EQ(monitor.MemoryPressure(6), 0.5f);
+  EXPECT_EQ(monitor.device_stats().trim_level, TrimLevel::kRunningLow);
+  EXPECT_EQ(monitor.device_stats().pressure, 0.5f);
+
+  // An override wins; the device is still read for the stats.
+  monitor.OverridePressure(0.1f);
+  monitor.SetTrimLevel(TrimLevel::kRunningCritical);
+  EXPECT_FLOAT_EQ(monitor.MemoryPressure(6), 0.1f);
+  EXPECT_EQ(monitor.device_stats().pressure, 1.0f);
+  EXPECT_EQ(monitor.device_stats().mem_available_bytes, kIdleAvailableBytes);
+}
+
+TEST(ResourceMonitorTest, DeviceFilesAreReadAtMostOncePerPollInterval) {
+  TempDir dir;
+  ResourceMonitorOptions options = WithDevice(DeviceSource::kIdle, dir);
+  options.device_memory_poll_ms = 3600 * 1000;
+  ResourceMonitor monitor(options);
+  EXPECT_EQ(monitor.DevicePressure(), 0.0f);
+  WriteDeviceFiles(dir, "some avg10=90.00 avg60=0 avg300=0 total=1\n", kIdleMemInfo);
+  EXPECT_EQ(monitor.DevicePressure(), 0.0f);  // the last reading
+  EXPECT_EQ(monitor.device_memory_reads(), 1u);
+  // The trim level is not rate-limited: it counts at the next step.
+  monitor.SetTrimLevel(TrimLevel::kBackground);
+  EXPECT_EQ(monitor.DevicePressure(), 0.5f);
+  EXPECT_EQ(monitor.device_memory_reads(), 1u);
+}
+
+TEST(RouterTest, TheTrimLevelMayChangeFromAnotherThreadWhileRouting) {
+  const std::vector<float> logits = {2.0f, 1.9f, 1.0f, 0.5f, -1.0f, 0.0f, 0.2f, 0.1f};
+  const std::vector<uint64_t> resident = Bitmap(8, {1, 2, 5});
+  ResourceMonitor monitor(WithoutDevice());
+  monitor.set_pool_capacity(100);
+  Router router(kernels::GetKernelConfig(), RouterOptions{}, 1, 8, &monitor);
+  std::atomic<bool> done{false};
+  std::thread host([&] {
+    for (int i = 0; !done.load(); ++i) {
+      monitor.SetTrimLevel(static_cast<TrimLevel>(i % kTrimLevelCount));
+      (void)monitor.device_stats();
+    }
+  });
+  int bad = 0;
+  for (int step = 0; step < 5000; ++step) {
+    router.BeginStep();
+    const float p = router.pressure();
+    bad += p != 0 && p != 0.25f && p != 0.5f && p != 1.0f;
+    const int chosen = Route(router, 0, logits, 1, true, resident).experts[0];
+    bad += chosen != (p > 0.1f ? 1 : 0);  // each step routes with the pressure it read
+    bad += router.stats().device.pressure != p;
+  }
+  done = true;
+  host.join();
+  EXPECT_EQ(bad, 0);
+  monitor.SetTrimLevel(TrimLevel::kNone);
+  router.BeginStep();
   EXPECT_EQ(router.pressure(), 0.0f);
 }
 
@@ -269,27 +505,6 @@ TEST(RouterTest, BadOptionsAreNamed) {
   EXPECT_TRUE(Router::Validate(RouterOptions{}).ok());
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("moert-router-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-             "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-void WriteFile(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::create_directories(path.parent_path());
-  std::ofstream(path) << text;
-}
-
 TEST(ResourceMonitorTest, ReadsTheHottestCpuZone) {
   TempDir dir;
   WriteFile(dir.path() / "thermal_zone0/type", "battery\n");
@@ -327,7 +542,7 @@ TEST(ResourceMonitorTest, ReadsTheHottestCpuZone) {
 }
 
 TEST(ResourceMonitorTest, PressureOverrideIsClamped) {
-  ResourceMonitor monitor;
+  ResourceMonitor monitor(WithoutDevice());
   monitor.set_pool_capacity(10);
   EXPECT_EQ(monitor.MemoryPressure(8), 0.0f);
   EXPECT_FLOAT_EQ(monitor.MemoryPressure(40), 0.75f);
