@@ -62,6 +62,7 @@ class DecoderModel final : public Model {
   absl::Status SaveHotSet() override;
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
+  void CancelPendingLoads() override;
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
