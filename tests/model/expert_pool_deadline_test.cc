@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <thread>
 
+#include "common/held_reads.h"
 #include "experts/expert_cache.h"
 #include "model/decoder.h"
 #include "model/expert_pool_util.h"
@@ -21,17 +21,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using pool_test::Reference;
+using test_util::kHangGuard;
+using test_util::ReadGate;
+using test_util::ReadHook;
+using test_util::SlowReads;
 using test_util::SameBits;
 
 const std::string kName = "tiny-moe-shakespeare-q4_0.gguf";
-constexpr auto kHangGuard = std::chrono::seconds(2);
-
-// Every read on the loader's thread held up `ms`.
-std::function<void(const experts::ExpertInfo&)> SlowDevice(int ms) {
-  return [ms](const experts::ExpertInfo&) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  };
-}
 
 class ExpertPoolDeadlineTest : public ::testing::TestWithParam<bool> {};
 
@@ -41,7 +37,7 @@ TEST_P(ExpertPoolDeadlineTest, LoadsPastTheDeadlineGiveTheSameTokensAndLogits) {
   options.io_mode = experts::IoMode::kBuffered;
   options.prefetch = GetParam();
   options.expert_cache.loader.wait_deadline_ms = 2;
-  options.expert_cache.loader.before_read_for_testing = SlowDevice(20);
+  options.expert_cache.loader.before_read_for_testing = SlowReads(20);
   std::unique_ptr<Model> model = pool_test::Load(kName, options);
   ASSERT_NE(model, nullptr);
   const pool_test::Generation got = pool_test::Generate(*model);
@@ -61,57 +57,64 @@ TEST_P(ExpertPoolDeadlineTest, LoadsPastTheDeadlineGiveTheSameTokensAndLogits) {
 INSTANTIATE_TEST_SUITE_P(Prefetch, ExpertPoolDeadlineTest, ::testing::Bool(),
                          [](const auto& test) { return test.param ? "on" : "off"; });
 
-// A model whose loader holds every read 300 ms, with `queued` prefetches waiting
-// behind the one in progress.
-std::unique_ptr<Model> LoadWithALongQueue(size_t* queued) {
+// A model whose loader's reads `hook` holds up, with as many prefetches queued behind
+// the read in progress as the queue takes.
+std::unique_ptr<Model> LoadWithALongQueue(ReadHook hook) {
   ModelLoadOptions options = pool_test::Options();
   options.expert_pool_fraction = 1.0;
   options.io_mode = experts::IoMode::kBuffered;
-  options.expert_cache.loader.before_read_for_testing = SlowDevice(300);
+  options.expert_cache.loader.before_read_for_testing = std::move(hook);
   std::unique_ptr<Model> model = pool_test::Load(kName, options);
   if (model == nullptr) return nullptr;
   experts::ExpertCache& cache = *dynamic_cast<DecoderModel&>(*model).expert_cache();
   for (int l = 0; l < 4; ++l) {
     for (int e = 0; e < 8; ++e) cache.Prefetch(l, e);  // until the queue is full
   }
-  const auto until = Clock::now() + kHangGuard;
-  while (cache.loader().queued() + 1 < cache.stats().loads_in_flight && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  *queued = cache.loader().queued();
   return model;
+}
+
+size_t Queued(Model& model) {
+  return dynamic_cast<DecoderModel&>(model).expert_cache()->loader().queued();
 }
 
 class ExpertPoolCancel : public ::testing::Test {
  protected:
-  void SetUp() override {
-    model_ = LoadWithALongQueue(&queued_);
-    ASSERT_NE(model_, nullptr);
-    EXPECT_GE(queued_, 8u);
-  }
+  void TearDown() override { gate_.Open(); }  // before the model goes
+  ReadGate gate_;
   std::unique_ptr<Model> model_;
-  size_t queued_ = 0;
 };
 
 TEST_F(ExpertPoolCancel, DroppingQueuedPrefetchesDuringAHeldUpReadIsPrompt) {
+  model_ = LoadWithALongQueue(gate_.Hook());
+  ASSERT_NE(model_, nullptr);
+  gate_.AwaitHeld(1);
+  const size_t queued = Queued(*model_);
+  EXPECT_GE(queued, 8u);
   const auto start = Clock::now();
   model_->CancelPendingLoads();
   const auto took = Clock::now() - start;
   EXPECT_LT(took, kHangGuard);
-  std::printf("CancelPendingLoads: %zu queued loads dropped in %.3f ms\n", queued_,
+  std::printf("CancelPendingLoads: %zu queued loads dropped in %.3f ms\n", queued,
               std::chrono::duration<double, std::milli>(took).count());
   const MemoryStats s = model_->memory_stats();
-  EXPECT_EQ(s.pool.prefetch_cancelled, queued_);
-  EXPECT_LE(s.pool.loads_in_flight, 1u);  // at most the read held up
-  EXPECT_EQ(dynamic_cast<DecoderModel&>(*model_).expert_cache()->loader().queued(), 0u);
+  EXPECT_EQ(s.pool.prefetch_cancelled, queued);
+  EXPECT_EQ(s.pool.loads_in_flight, 1u);  // the read held up
+  EXPECT_EQ(Queued(*model_), 0u);
 }
 
-TEST_F(ExpertPoolCancel, DestroyingWithAHeldUpReadAndALongQueueIsPrompt) {
+TEST(ExpertPoolDestroy, WithAHeldUpReadAndALongQueueIsPrompt) {
+  std::unique_ptr<Model> model = LoadWithALongQueue(SlowReads(300));
+  ASSERT_NE(model, nullptr);
+  const experts::ExpertCache& cache = *dynamic_cast<DecoderModel&>(*model).expert_cache();
+  ASSERT_TRUE(test_util::Eventually(
+      [&] { return cache.loader().queued() < cache.stats().loads_in_flight; }));
+  const size_t queued = Queued(*model);
+  EXPECT_GE(queued, 8u);
   const auto start = Clock::now();
-  model_.reset();
+  model.reset();
   const auto took = Clock::now() - start;
   EXPECT_LT(took, kHangGuard);
-  std::printf("destroyed with a 300 ms read held up and %zu queued in %.1f ms\n", queued_,
+  std::printf("destroyed with a 300 ms read held up and %zu queued in %.1f ms\n", queued,
               std::chrono::duration<double, std::milli>(took).count());
 }
 
