@@ -12,12 +12,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "backend/packing.h"
+#include "core/file_identity.h"
 #include "core/status.h"
 #include "core/strings.h"
-#include "core/file_identity.h"
 #include "experts/checksum.h"
 
 namespace moert::experts {
@@ -123,6 +124,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
     loader->identity_ = core::IdentityFromStat(st);
     size = static_cast<uint64_t>(st.st_size);
   }
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  loader->absolute_path_ = error ? path : absolute.string();
   if (size != directory.file_size()) {
     return absl::FailedPreconditionError(StrCat("'", path, "' is ", size,
                                                 " bytes now but was ", directory.file_size(),
@@ -437,7 +441,7 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
   const ExpertInfo& info = *job.info;
   LoadResult result;
   // The file as it was when the model loaded, or a clear error (never SIGBUS).
-  result.status = core::CheckUnchanged(directory_.path(), identity_);
+  result.status = core::CheckUnchanged(absolute_path_, identity_);
   if (!result.status.ok()) {
     result.status = absl::FailedPreconditionError(
         StrCat(Who(info), ": ", std::string(result.status.message())));

@@ -210,6 +210,7 @@ class Loader {
   int buffered_fd_ = -1;  // kDirect and kBuffered
   std::unique_ptr<core::MappedFile> mapping_;  // kMmap
   core::FileIdentity identity_;  // the file as opened
+  std::string absolute_path_;    // where it is checked (a later chdir cannot move it)
   // The I/O thread's (mode_ and fallback_reason_ read under mu_).
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;

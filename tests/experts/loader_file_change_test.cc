@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,27 @@ TEST_P(LoaderFileChangeTest, TruncatedInTheMiddleOfALoad) {
   change.Restore();
   ExpectGood(*loader, 1);
   EXPECT_EQ(loader->stats().failed_loads, 1u);
+}
+
+// A model opened by a relative path stays the same file when the process changes its
+// working folder.
+TEST_P(LoaderFileChangeTest, ARelativePathSurvivesAChangeOfFolder) {
+  const std::filesystem::path was = std::filesystem::current_path();
+  const std::filesystem::path file(model_.path);
+  std::filesystem::current_path(file.parent_path());
+  auto relative = format::GgufFile::Open(file.filename().string());
+  ASSERT_TRUE(relative.ok()) << relative.status();
+  auto dir = ExpertDirectory::Build(**relative, 2, 4, 256, 128);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto loader = Loader::Create(*dir, {.mode = GetParam()});
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  std::filesystem::current_path(std::filesystem::temp_directory_path());
+  Block block(dir->info(1, 2).runtime_bytes);
+  const LoadResult r =
+      (*loader)->Wait((*loader)->Submit(dir->info(1, 2), block.data, std::nullopt));
+  std::filesystem::current_path(was);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(block.bytes(), want_[2]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LoaderFileChangeTest,
