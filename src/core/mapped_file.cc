@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/guarded_copy.h"
 
 namespace moert::core {
 namespace {
@@ -48,7 +49,23 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     data = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // The mapping keeps the file alive.
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size));
+  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, IdentityFromStat(st)));
+}
+
+absl::Status MappedFile::CopyOut(uint64_t offset, std::span<uint8_t> dst) const {
+  const auto where = [&] {
+    return absl::StrCat("'", path_, "': the mapped bytes at file offset ", offset, " (",
+                        dst.size(), " bytes)");
+  };
+  if (offset > size_ || dst.size() > size_ - offset) {
+    return absl::DataLossError(absl::StrCat(where(), " lie outside the ", size_,
+                                            " bytes mapped"));
+  }
+  if (!CopyFromMapping(dst.data(), data_ + offset, dst.size())) {
+    return absl::DataLossError(absl::StrCat(
+        where(), " cannot be read (SIGBUS): the file shrank since it was mapped"));
+  }
+  return absl::OkStatus();
 }
 
 MappedFile::~MappedFile() {

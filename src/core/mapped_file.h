@@ -1,4 +1,10 @@
 // A read-only memory mapping of a whole file (model files are read through this).
+//
+// A mapping outlives changes to its file: pages past the end of a file truncated
+// after it was mapped raise SIGBUS when touched. Code that reads a mapping after the
+// model has loaded (the expert loader's mmap mode) copies through CopyOut, which
+// answers such a page with a Status, and checks identity() against the path first
+// (core/file_identity.h).
 #ifndef MOERT_CORE_MAPPED_FILE_H_
 #define MOERT_CORE_MAPPED_FILE_H_
 
@@ -8,7 +14,9 @@
 #include <span>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/file_identity.h"
 
 namespace moert::core {
 
@@ -25,14 +33,22 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as it was when it was mapped.
+  const FileIdentity& identity() const { return identity_; }
+
+  // Copies the mapped bytes [offset, offset + dst.size()) into dst (core/guarded_copy.h):
+  // DataLoss naming the path and the range when it lies outside the mapping or its
+  // pages are gone (the file shrank since it was mapped), never SIGBUS.
+  absl::Status CopyOut(uint64_t offset, std::span<uint8_t> dst) const;
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, const uint8_t* data, size_t size, const FileIdentity& identity)
+      : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}
 
   std::string path_;
   const uint8_t* data_;
   size_t size_;
+  FileIdentity identity_;
 };
 
 }  // namespace moert::core

@@ -1,5 +1,7 @@
 # Sources of src/core (paths relative to src/).
 list(APPEND MOERT_SOURCES
+  core/file_identity.cc
+  core/guarded_copy.cc
   core/mapped_file.cc
   core/thread_pool.cc
 )

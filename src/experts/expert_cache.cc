@@ -31,8 +31,8 @@ ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& op
     : directory_(std::move(directory)), options_(options), defrag_(options.defrag) {}
 
 ExpertCache::~ExpertCache() {
-  // The loader thread may not outlive the pool it writes into (it finishes the loads
-  // still queued, prefetches included, before it stops).
+  // The loader thread may not outlive the pool it writes into. It drops the loads still
+  // queued and waits only for the read in progress.
   loader_.reset();
 }
 
@@ -321,6 +321,7 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
       loader_->Submit(info, pool_->ExpertData(block.offset), entry.checksum, /*urgent=*/true);
   LoadResult result = loader_->Wait(ticket);
   counters_.stall_ns += NowNs() - start;
+  if (result.timed_out) ++counters_.load_timeouts;
   ++counters_.loads;
   counters_.bytes_loaded += result.bytes_read;
   if (!result.status.ok()) {
@@ -382,17 +383,19 @@ bool ExpertCache::IsLoading(int layer, int expert) const {
   return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].loading;
 }
 
-void ExpertCache::Collect(size_t index) {
+void ExpertCache::Collect(size_t index, OnDeadline on_deadline) {
   Entry& entry = entries_[index];
-  LoadResult result = loader_->Wait(entry.ticket);
+  LoadResult result = loader_->Wait(entry.ticket, on_deadline);
   entry.ticket.reset();
   entry.loading = false;
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), index));
-  ++counters_.loads;
+  if (result.timed_out) ++counters_.load_timeouts;
+  const bool given_up = result.timed_out && on_deadline == OnDeadline::kGiveUp;
+  if (!given_up) ++counters_.loads;
   counters_.bytes_loaded += result.bytes_read;
   if (!result.status.ok()) {
-    ++counters_.failed_loads;
-    if (!entry.needed || entry.promoted) ++counters_.prefetch_failed;
+    if (!given_up) ++counters_.failed_loads;
+    if (!given_up && (!entry.needed || entry.promoted)) ++counters_.prefetch_failed;
     entry.needed = false;
     entry.promoted = false;
     pool_->UnpinExpert(entry.offset);
@@ -414,14 +417,37 @@ bool ExpertCache::CancelPrefetch(int layer, int expert) {
   if (!CheckExpert(layer, expert).ok()) return false;
   const size_t index = Index(layer, expert);
   Entry& entry = entries_[index];
-  if (!entry.loading || entry.needed || !loader_->Cancel(entry.ticket)) return false;
+  if (!entry.loading || entry.needed) return false;
+  return DropQueued(index);
+}
+
+bool ExpertCache::DropQueued(size_t index) {
+  Entry& entry = entries_[index];
+  if (!loader_->Cancel(entry.ticket)) return false;
   entry.ticket.reset();
   entry.loading = false;
   in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), index));
   pool_->UnpinExpert(entry.offset);
   pool_->FreeExpert(entry.offset);
-  ++counters_.prefetch_cancelled;
+  if (entry.needed) {
+    entry.needed = false;  // a StartLoad whose Acquire never came (a failed forward)
+    entry.promoted = false;
+  } else {
+    ++counters_.prefetch_cancelled;
+  }
   return true;
+}
+
+size_t ExpertCache::CancelQueuedLoads() {
+  size_t dropped = 0;
+  for (size_t i = 0; i < in_flight_.size();) {
+    if (DropQueued(in_flight_[i])) {
+      ++dropped;  // erased in_flight_[i]
+    } else {
+      ++i;
+    }
+  }
+  return dropped;
 }
 
 bool ExpertCache::StartLoad(int layer, int expert) {
@@ -457,7 +483,7 @@ void ExpertCache::BeginStep() {
   for (size_t index : started_) {
     Entry& entry = entries_[index];
     if (!entry.needed) continue;
-    if (entry.loading) Collect(index);
+    if (entry.loading) Collect(index, OnDeadline::kGiveUp);
     if (entry.needed && entry.resident) {
       entry.pins = 0;
       pool_->UnpinExpert(entry.offset);
@@ -480,7 +506,8 @@ void ExpertCache::Poll() {
 }
 
 void ExpertCache::Drain() {
-  while (!in_flight_.empty()) Collect(in_flight_.front());
+  // Nobody needs these bytes now: past the deadline a load is dropped, not read here.
+  while (!in_flight_.empty()) Collect(in_flight_.front(), OnDeadline::kGiveUp);
 }
 
 uint64_t ExpertCache::capacity_experts() const { return limit_bytes_ / block_bytes_; }
@@ -579,6 +606,7 @@ absl::Status ExpertCache::Preload(std::span<const HotExpert> experts, size_t* lo
   absl::Status first_error;
   for (Pending& p : pending) {
     LoadResult result = loader_->Wait(p.ticket);
+    if (result.timed_out) ++counters_.load_timeouts;
     ++counters_.loads;
     counters_.bytes_loaded += result.bytes_read;
     pool_->UnpinExpert(p.offset);

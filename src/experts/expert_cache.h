@@ -46,6 +46,16 @@
 // expert and verified on every later load of it. A failed load leaves the expert not
 // resident and the cache usable.
 //
+// Deadlines (LoaderOptions::wait_deadline_ms): no wait on the loader thread outlasts
+// it. Acquire and Preload then read the expert on the calling thread, into the same
+// block (the late read on the loader thread is dropped, it never writes the block);
+// Drain and BeginStep drop the load instead (the expert is not resident and its block
+// is free at once). Both are counted (load_timeouts); the weights are the same bytes.
+//
+// Cancellation: CancelQueuedLoads drops every load not yet started (a cancelled
+// generation's prefetches) without waiting; destruction drops them too and waits only
+// for the read in progress.
+//
 // Not thread-safe: one thread at a time (the model's forward pass) uses the cache; the
 // loader's I/O thread only touches the blocks being loaded.
 #ifndef MOERT_EXPERTS_EXPERT_CACHE_H_
@@ -109,6 +119,9 @@ struct ExpertCacheStats {
   uint64_t prefetch_unused = 0;    // prefetched experts evicted before any use
   uint64_t prefetch_failed = 0;    // prefetches whose load failed
   uint64_t prefetch_cancelled = 0; // prefetches dropped before their read started
+  // Loads whose wait passed LoaderOptions::wait_deadline_ms: read by the waiting thread
+  // itself (the same bytes), or, for prefetches no Acquire was waiting for (Drain), dropped.
+  uint64_t load_timeouts = 0;
   // Streaming (StartLoad): a layer's misses loading while its other experts compute.
   uint64_t streamed = 0;           // loads StartLoad started (promoted prefetches not counted)
   uint64_t streamed_hidden = 0;    // of those, finished before their Acquire (misses
@@ -220,8 +233,13 @@ class ExpertCache {
   bool StartLoad(int layer, int expert);
   // Collects finished prefetches (never blocks).
   void Poll();
-  // Waits for every prefetch in flight and collects it.
+  // Waits for every prefetch in flight and collects it (each wait up to the loader's
+  // deadline; one past it is dropped: that expert stays not resident).
   void Drain();
+  // Drops every load still queued, prefetches and StartLoad's alike (a generation was
+  // cancelled): their blocks are freed, and the read in progress, if any, finishes
+  // later as usual. Never waits. Returns the count dropped.
+  size_t CancelQueuedLoads();
   // Experts of the largest size the pool holds at once.
   uint64_t capacity_experts() const;
 
@@ -276,7 +294,10 @@ class ExpertCache {
   // Whether the lazy rule holds `entry` (used, or prefetched, in the window).
   bool InLazyWindow(const Entry& entry, int steps) const;
   // Finishes the prefetch of entry `index` (waits when it has not finished).
-  void Collect(size_t index);
+  void Collect(size_t index, OnDeadline on_deadline = OnDeadline::kReadHere);
+  // Takes the load of entry `index` out of the loader's queue if it has not started
+  // (frees its block); false when it has.
+  bool DropQueued(size_t index);
   void Evict(size_t index);
   void MarkResident(size_t index, uint64_t offset);
   // Co-placement: adds `expert` to the group of (step, layer), first closing the previous

@@ -12,21 +12,33 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "backend/packing.h"
+#include "core/file_identity.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "experts/checksum.h"
 
 namespace moert::experts {
 
+// Where a load is. The destination is written only in kCommitting (by the I/O thread)
+// or after kTakenBack (by the Wait that took it back).
+enum class JobState {
+  kQueued,      // in queue_
+  kReading,     // the I/O thread reads it into its staging buffer
+  kCommitting,  // the I/O thread writes the destination
+  kDone,        // result is set
+  kTakenBack,   // its waiter gave up on the I/O thread: a read in progress is dropped
+};
+
 struct Loader::Job {
   const ExpertInfo* info = nullptr;
   uint8_t* dst = nullptr;
   std::optional<uint64_t> expected;
   LoadResult result;
-  bool done = false;
+  JobState state = JobState::kQueued;
   bool urgent = false;
 };
 
@@ -38,9 +50,9 @@ std::string Who(const ExpertInfo& info) {
   return StrCat("layer ", info.layer, ", expert ", info.expert);
 }
 
-std::string Where(const ExpertPart& part) {
+std::string Where(const ExpertPart& part, const std::string& path) {
   return StrCat("tensor '", part.tensor, "' at file offset ", part.file_offset, " (",
-                part.file_bytes, " bytes)");
+                part.file_bytes, " bytes) of '", path, "'");
 }
 
 absl::Status OpenError(const std::string& path, int err) {
@@ -79,6 +91,8 @@ Loader::Loader(const ExpertDirectory& directory, const LoaderOptions& options)
     : directory_(directory),
       requested_mode_(options.mode),
       queue_capacity_(std::max<size_t>(1, options.queue_capacity)),
+      wait_deadline_(options.wait_deadline_ms),
+      before_read_(options.before_read_for_testing),
       mode_(options.mode) {}
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& directory,
@@ -90,30 +104,29 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
     auto mapping = core::MappedFile::Open(path);
     if (!mapping.ok()) return mapping.status();
     loader->mapping_ = std::move(*mapping);
+    loader->identity_ = loader->mapping_->identity();
     size = loader->mapping_->size();
   } else {
-    int fd = -1;
+    loader->buffered_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (loader->buffered_fd_ < 0) return OpenError(path, errno);
     if (options.mode == IoMode::kDirect) {
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-      if (fd < 0 && errno == EINVAL) {
+      loader->direct_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      if (loader->direct_fd_ < 0 && errno != EINVAL) return OpenError(path, errno);
+      if (loader->direct_fd_ < 0) {
         loader->mode_ = IoMode::kBuffered;
         loader->fallback_reason_ =
             "the file system refuses O_DIRECT (open: EINVAL); buffered reads with "
             "posix_fadvise(DONTNEED) instead";
       }
     }
-    if (fd < 0) {
-      if (options.mode == IoMode::kDirect && loader->mode_ == IoMode::kDirect) {
-        return OpenError(path, errno);
-      }
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return OpenError(path, errno);
-    }
-    loader->fd_ = fd;
     struct stat st {};
-    if (::fstat(fd, &st) != 0) return OpenError(path, errno);
+    if (::fstat(loader->buffered_fd_, &st) != 0) return OpenError(path, errno);
+    loader->identity_ = core::IdentityFromStat(st);
     size = static_cast<uint64_t>(st.st_size);
   }
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  loader->absolute_path_ = error ? path : absolute.string();
   if (size != directory.file_size()) {
     return absl::FailedPreconditionError(StrCat("'", path, "' is ", size,
                                                 " bytes now but was ", directory.file_size(),
@@ -136,10 +149,15 @@ Loader::~Loader() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    // Nobody waits for these any more; the read in progress is dropped when it ends.
+    for (const Ticket& job : queue_) job->state = JobState::kTakenBack;
+    stats_.queued_dropped += queue_.size();
+    queue_.clear();
   }
   queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (buffered_fd_ >= 0) ::close(buffered_fd_);
   std::free(staging_);
 }
 
@@ -186,9 +204,13 @@ Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
   std::unique_lock<std::mutex> lock(mu_);
   if (urgent) {
     queue_.insert(FirstNotUrgent(), job);
-  } else {
-    space_cv_.wait(lock, [&] { return queue_.size() < queue_capacity_; });
+  } else if (space_cv_.wait_for(lock, wait_deadline_,
+                                [&] { return queue_.size() < queue_capacity_; })) {
     queue_.push_back(job);
+  } else {
+    job->state = JobState::kTakenBack;  // Wait reads it
+    ++stats_.wait_timeouts;
+    return job;
   }
   lock.unlock();
   queue_cv_.notify_one();
@@ -197,7 +219,7 @@ Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
 
 bool Loader::Done(const Ticket& ticket) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return ticket->done;
+  return ticket->state == JobState::kDone;
 }
 
 bool Loader::Cancel(const Ticket& ticket) {
@@ -233,17 +255,59 @@ void Loader::set_delay_for_testing(uint64_t delay_us) {
   delay_us_ = delay_us;
 }
 
-LoadResult Loader::Wait(const Ticket& ticket) {
+LoadResult Loader::Wait(const Ticket& ticket, OnDeadline on_deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return ticket->done; });
-  return std::move(ticket->result);
+  Job& job = *ticket;
+  if (job.state != JobState::kTakenBack) {  // else Submit gave up on the queue already
+    done_cv_.wait_for(lock, wait_deadline_, [&] { return job.state == JobState::kDone; });
+    // Only the copy or repack into the destination is left: no I/O to wait for.
+    done_cv_.wait(lock, [&] { return job.state != JobState::kCommitting; });
+    if (job.state == JobState::kDone) return std::move(job.result);
+    if (job.state == JobState::kQueued) {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+      space_cv_.notify_one();
+    }
+    job.state = JobState::kTakenBack;  // a read in progress is dropped when it ends
+    ++stats_.wait_timeouts;
+  }
+  lock.unlock();
+  LoadResult result;
+  if (on_deadline == OnDeadline::kGiveUp) {
+    result.status = absl::DeadlineExceededError(
+        StrCat(Who(*job.info), ": the load of '", directory_.path(), "' did not finish within ",
+               wait_deadline_.count(), " ms; given up"));
+  } else {
+    result = ReadHere(job);
+  }
+  result.timed_out = true;
+  return result;
+}
+
+LoadResult Loader::ReadHere(const Job& job) {
+  LoadResult result;
+  uint8_t* staging = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlignment, staging_bytes_));
+  if (staging == nullptr) {
+    result.status = absl::ResourceExhaustedError(
+        StrCat(Who(*job.info), ": cannot allocate ", staging_bytes_,
+               " bytes of staging to read it after the loader's deadline passed"));
+    return result;
+  }
+  std::span<uint8_t> bytes[kExpertParts];
+  result = Read(job, staging, bytes, /*io_thread=*/false);
+  if (result.status.ok()) result.status = Commit(job, bytes);
+  std::free(staging);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.loads;
+  if (!result.status.ok()) ++stats_.failed_loads;
+  stats_.bytes_read += result.bytes_read;
+  return result;
 }
 
 void Loader::AdviseWillNeed(const ExpertInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const ExpertPart& part : info.parts) {
-    if (mode_ == IoMode::kBuffered && fd_ >= 0) {
-      ::posix_fadvise(fd_, static_cast<off_t>(part.file_offset),
+    if (mode_ == IoMode::kBuffered && buffered_fd_ >= 0) {
+      ::posix_fadvise(buffered_fd_, static_cast<off_t>(part.file_offset),
                       static_cast<off_t>(part.file_bytes), POSIX_FADV_WILLNEED);
     } else if (mode_ == IoMode::kMmap && mapping_ != nullptr) {
       const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -256,61 +320,74 @@ void Loader::AdviseWillNeed(const ExpertInfo& info) {
 
 void Loader::ThreadMain() {
   std::unique_lock<std::mutex> lock(mu_);
+  // Whether the job was taken back by its waiter (or the loader is going): mu_ held.
+  const auto dropped = [&](const Job& job) { return stop_ || job.state == JobState::kTakenBack; };
   while (true) {
     queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ with nothing left
+    if (stop_) return;  // the destructor dropped the queue
     Ticket job = queue_.front();
     queue_.pop_front();
+    job->state = JobState::kReading;
     space_cv_.notify_one();
     const uint64_t delay_us = delay_us_;
     lock.unlock();
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
-    LoadResult result = Run(*job);
+    std::span<uint8_t> bytes[kExpertParts];
+    LoadResult result = Read(*job, staging_, bytes, /*io_thread=*/true);
+    lock.lock();
+    stats_.bytes_read += result.bytes_read;
+    if (dropped(*job)) {
+      ++stats_.late_reads_dropped;
+      stats_.busy_ns += NowNs() - start;
+      continue;
+    }
+    job->state = JobState::kCommitting;
+    lock.unlock();
+    if (result.status.ok()) result.status = Commit(*job, bytes);
     const uint64_t busy = NowNs() - start;
     lock.lock();
     ++stats_.loads;
     if (!result.status.ok()) ++stats_.failed_loads;
-    stats_.bytes_read += result.bytes_read;
     stats_.busy_ns += busy;
     job->result = std::move(result);
-    job->done = true;
+    job->state = JobState::kDone;
     done_cv_.notify_all();
   }
 }
 
-absl::Status Loader::SwitchToBuffered(std::string reason) {
-  const int fd = ::open(directory_.path().c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return OpenError(directory_.path(), errno);
+void Loader::SwitchToBuffered(std::string reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
   mode_ = IoMode::kBuffered;
   fallback_reason_ = std::move(reason);
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
                                                     const ExpertPart& part, uint8_t* slot,
                                                     const LoaderFault* fault,
                                                     uint64_t* bytes_read) {
+  const std::string& path = directory_.path();
   const auto io_error = [&](int err) {
-    return absl::DataLossError(
-        StrCat(Who(info), ": I/O error reading ", Where(part), ": ", std::strerror(err)));
+    return absl::DataLossError(StrCat(Who(info), ": I/O error reading ", Where(part, path), ": ",
+                                      std::strerror(err)));
   };
   const auto short_read = [&](uint64_t got) {
-    return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part), ": got ", got,
-                                      " of ", part.file_bytes, " bytes"));
+    return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part, path), ": got ",
+                                      got, " of ", part.file_bytes,
+                                      " bytes (was the file truncated?)"));
   };
   if (fault != nullptr && *fault == LoaderFault::kIoError) return io_error(EIO);
   const bool simulate_short = fault != nullptr && *fault == LoaderFault::kShortRead;
 
   if (mapping_ != nullptr) {  // kMmap
     *bytes_read += part.file_bytes;
-    if (part.file_offset + part.file_bytes > mapping_->size() || simulate_short) {
-      return short_read(simulate_short ? part.file_bytes / 2 : 0);
+    if (simulate_short) return short_read(part.file_bytes / 2);
+    // Guarded: the file may have lost these pages since the check before this load.
+    const absl::Status copied = mapping_->CopyOut(part.file_offset, {slot, part.file_bytes});
+    if (!copied.ok()) {
+      return absl::DataLossError(StrCat(Who(info), ", tensor '", part.tensor, "': ",
+                                        std::string(copied.message())));
     }
-    std::memcpy(slot, mapping_->data() + part.file_offset, part.file_bytes);
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const uint64_t begin = part.file_offset / page * page;
     ::madvise(const_cast<uint8_t*>(mapping_->data()) + begin,
@@ -330,11 +407,10 @@ absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
     const uint64_t need = end - begin;
     int64_t got = fault != nullptr && *fault == LoaderFault::kDirectRefused
                       ? -int64_t{EINVAL}
-                      : PreadAtLeast(fd_, slot, want, need, begin);
+                      : PreadAtLeast(direct_fd_, slot, want, need, begin);
     if (got == -int64_t{EINVAL}) {
-      MOERT_RETURN_IF_ERROR(SwitchToBuffered(
-          StrCat("an O_DIRECT read was refused (EINVAL) at file offset ", begin,
-                 "; buffered reads with posix_fadvise(DONTNEED) instead")));
+      SwitchToBuffered(StrCat("an O_DIRECT read was refused (EINVAL) at file offset ", begin,
+                              "; buffered reads with posix_fadvise(DONTNEED) instead"));
     } else {
       *bytes_read += want;
       if (got < 0) return io_error(static_cast<int>(-got));
@@ -350,26 +426,35 @@ absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
 
   // kBuffered (or after a fallback).
   *bytes_read += part.file_bytes;
-  int64_t got = PreadAtLeast(fd_, slot, part.file_bytes, part.file_bytes, part.file_offset);
-  ::posix_fadvise(fd_, static_cast<off_t>(part.file_offset), static_cast<off_t>(part.file_bytes),
-                  POSIX_FADV_DONTNEED);
+  int64_t got =
+      PreadAtLeast(buffered_fd_, slot, part.file_bytes, part.file_bytes, part.file_offset);
+  ::posix_fadvise(buffered_fd_, static_cast<off_t>(part.file_offset),
+                  static_cast<off_t>(part.file_bytes), POSIX_FADV_DONTNEED);
   if (got < 0) return io_error(static_cast<int>(-got));
   if (simulate_short) got = static_cast<int64_t>(part.file_bytes / 2);
   if (static_cast<uint64_t>(got) < part.file_bytes) return short_read(static_cast<uint64_t>(got));
   return std::span<uint8_t>(slot, part.file_bytes);
 }
 
-LoadResult Loader::Run(const Job& job) {
+LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes,
+                        bool io_thread) {
   const ExpertInfo& info = *job.info;
   LoadResult result;
+  // The file as it was when the model loaded, or a clear error (never SIGBUS).
+  result.status = core::CheckUnchanged(absolute_path_, identity_);
+  if (!result.status.ok()) {
+    result.status = absl::FailedPreconditionError(
+        StrCat(Who(info), ": ", std::string(result.status.message())));
+    return result;
+  }
+  if (io_thread && before_read_) before_read_(info);
   // A plain flag and value (an optional's empty payload upsets valgrind at -O2).
   const std::optional<LoaderFault> taken = TakeFault(info.layer, info.expert);
   const bool has_fault = taken.has_value();
   const LoaderFault fault = taken.value_or(LoaderFault::kShortRead);
-  std::span<uint8_t> bytes[kExpertParts];
   for (int p = 0; p < kExpertParts; ++p) {
     auto read = ReadPart(info, info.parts[static_cast<size_t>(p)],
-                         staging_ + static_cast<uint64_t>(p) * slot_bytes_,
+                         staging + static_cast<uint64_t>(p) * slot_bytes_,
                          p == 0 && has_fault ? &fault : nullptr, &result.bytes_read);
     if (!read.ok()) {
       result.status = read.status();
@@ -389,8 +474,12 @@ LoadResult Loader::Run(const Job& job) {
         Who(info), info.parts[0].tensor, info.parts[1].tensor, info.parts[2].tensor,
         info.parts[0].file_offset, info.parts[1].file_offset, info.parts[2].file_offset,
         *job.expected, result.checksum));
-    return result;
   }
+  return result;
+}
+
+absl::Status Loader::Commit(const Job& job, const std::span<uint8_t>* bytes) {
+  const ExpertInfo& info = *job.info;
   for (int p = 0; p < kExpertParts; ++p) {
     const ExpertPart& part = info.parts[static_cast<size_t>(p)];
     uint8_t* dst = job.dst + part.block_offset;
@@ -401,12 +490,12 @@ LoadResult Loader::Run(const Job& job) {
     absl::Status status = backend::PackRows(part.file_type, bytes[p], part.rows, part.cols,
                                             part.format, {dst, part.runtime_bytes});
     if (!status.ok()) {
-      result.status = absl::Status(
-          status.code(), StrCat(Who(info), ": cannot repack ", Where(part), ": ", std::string(status.message())));
-      return result;
+      return absl::Status(status.code(), StrCat(Who(info), ": cannot repack ",
+                                                Where(part, directory_.path()), ": ",
+                                                std::string(status.message())));
     }
   }
-  return result;
+  return absl::OkStatus();
 }
 
 }  // namespace moert::experts

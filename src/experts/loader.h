@@ -16,18 +16,44 @@
 // DataLoss with the errno text. The destination block is then not to be used; the
 // loader itself stays usable.
 //
+// A model file changed while loaded: before every load the loader checks that the path
+// still names the file it opened, with the same size and modification time
+// (core::CheckUnchanged): a file truncated, rewritten or replaced (renamed over) is
+// FailedPrecondition naming it, and loads work again once the original is back. A
+// change between that check and the read is a short read (DataLoss naming the file) in
+// the pread modes; in kMmap the copy out of the mapping is guarded
+// (core::CopyFromMapping), so a page the file lost is DataLoss too, never SIGBUS.
+//
+// Deadlines: no wait on the I/O thread is longer than LoaderOptions::wait_deadline_ms.
+// A Wait whose load has not finished by then takes the load back: a load still queued
+// leaves the queue, a read in progress is left to finish and its bytes are dropped
+// (they stay in the I/O thread's staging buffer; the destination is written only by
+// whoever holds the load, and never after the Wait that gave up on it returns). Wait
+// then reads the expert itself on the calling thread, into the same destination, from
+// a staging buffer of its own (OnDeadline::kReadHere), or returns DeadlineExceeded
+// (OnDeadline::kGiveUp). A load already writing its destination (no I/O left, only
+// the copy or repack) is waited for. A Submit that finds the queue full past the
+// deadline hands back a load that Wait reads itself. Either is counted
+// (LoaderStats::wait_timeouts) and marked in the LoadResult; the bytes are the same
+// either way.
+//
+// Destruction drops the queued loads and waits only for the read in progress, whose
+// bytes are dropped too.
+//
 // Threads: Submit, Done and Wait are called from one owner thread (the expert cache's).
-// The destination bytes belong to the loader thread from Submit until Wait returns.
-// Loads run in queue order, except that urgent loads (ones the compute thread waits
-// for) go before queued prefetches, in the order they were made urgent. A queued load
-// can be cancelled (a prefetch its layer no longer wants).
+// The destination bytes belong to the loader from Submit until Wait returns. Loads run
+// in queue order, except that urgent loads (ones the compute thread waits for) go
+// before queued prefetches, in the order they were made urgent. A queued load can be
+// cancelled (a prefetch its layer no longer wants).
 #ifndef MOERT_EXPERTS_LOADER_H_
 #define MOERT_EXPERTS_LOADER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +65,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/file_identity.h"
 #include "core/mapped_file.h"
 #include "experts/expert_directory.h"
 #include "experts/io_mode.h"
@@ -60,12 +87,27 @@ enum class LoaderFault {
 struct LoaderOptions {
   IoMode mode = IoMode::kDirect;
   size_t queue_capacity = 16;  // Submit blocks while this many loads wait
+  // The longest a Wait (or a Submit on a full queue) waits for the I/O thread before it
+  // reads the expert itself (see the file comment); 0: at once. An expert's read takes
+  // a few ms from flash, so this only fires on a stuck or badly contended device.
+  uint32_t wait_deadline_ms = 1000;
+  // Test hook: called on the I/O thread in each load, after the check of the file and
+  // before the reads (not in the reads a Wait makes itself after its deadline): a sleep
+  // in it is a slow device, a change to the file in it a change in the middle of a load.
+  std::function<void(const ExpertInfo&)> before_read_for_testing = nullptr;
+};
+
+// What Wait does with a load that has not finished by the deadline.
+enum class OnDeadline {
+  kReadHere,  // read the expert on the calling thread (the result says timed_out)
+  kGiveUp,    // DeadlineExceeded; the destination holds nothing usable
 };
 
 struct LoadResult {
   absl::Status status;
   uint64_t checksum = 0;    // of the file bytes read (when the read itself succeeded)
   uint64_t bytes_read = 0;  // bytes asked of the file system, alignment padding included
+  bool timed_out = false;   // the deadline passed: read by the waiter, or given up
 };
 
 struct LoaderStats {
@@ -73,6 +115,10 @@ struct LoaderStats {
   uint64_t failed_loads = 0;
   uint64_t bytes_read = 0;
   uint64_t busy_ns = 0;       // time the I/O thread spent reading, checking and repacking
+  uint64_t wait_timeouts = 0; // waits (Wait, Submit) that passed the deadline
+  uint64_t late_reads_dropped = 0;  // loads the I/O thread held when their waiter gave up
+                                    // on them: what it read was dropped
+  uint64_t queued_dropped = 0;      // loads still queued when the loader was destroyed
 };
 
 class Loader {
@@ -86,6 +132,7 @@ class Loader {
   // loader.
   static absl::StatusOr<std::unique_ptr<Loader>> Create(const ExpertDirectory& directory,
                                                         const LoaderOptions& options);
+  // Drops the queued loads (their tickets are dead) and waits for the read in progress.
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -94,7 +141,8 @@ class Loader {
   // verified against `expected_checksum` when given. Blocks while the queue is full,
   // unless `urgent`: an urgent load goes in at once, after the urgent loads already
   // queued and before every other (the queue may then hold more than its capacity: the
-  // owner waits for its urgent loads).
+  // owner waits for its urgent loads). Past the deadline on a full queue, the load is
+  // not queued and Wait reads it.
   Ticket Submit(const ExpertInfo& info, uint8_t* dst, std::optional<uint64_t> expected_checksum,
                 bool urgent = false);
   // Whether a submitted load has finished (never blocks).
@@ -106,8 +154,9 @@ class Loader {
   // Makes a load that has not started urgent (queued as Submit queues urgent loads);
   // nothing when it has started or is urgent already.
   void Promote(const Ticket& ticket);
-  // Waits for a submitted load and returns its result (once per ticket).
-  LoadResult Wait(const Ticket& ticket);
+  // Waits for a submitted load, at most wait_deadline_ms (then as `on_deadline` says),
+  // and returns its result (once per ticket).
+  LoadResult Wait(const Ticket& ticket, OnDeadline on_deadline = OnDeadline::kReadHere);
   // Loads queued and not yet started.
   size_t queued() const;
   size_t queue_capacity() const { return queue_capacity_; }
@@ -131,12 +180,20 @@ class Loader {
   Loader(const ExpertDirectory& directory, const LoaderOptions& options);
 
   void ThreadMain();
-  LoadResult Run(const Job& job);
+  // Checks the file, then reads the job's three parts into `staging` (kExpertParts
+  // slots) and checks them; `bytes` gets where each part's file bytes are. Any thread:
+  // the I/O thread with its staging buffer (io_thread: the test hook runs between the
+  // file check and the reads), a Wait past its deadline with one of its own.
+  LoadResult Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread);
+  // Writes what Read read into the job's destination.
+  absl::Status Commit(const Job& job, const std::span<uint8_t>* bytes);
+  // Read and Commit on the calling thread (a Wait past its deadline).
+  LoadResult ReadHere(const Job& job);
   // Reads one part's file bytes into the staging slot `slot`; the span is the bytes.
   absl::StatusOr<std::span<uint8_t>> ReadPart(const ExpertInfo& info, const ExpertPart& part,
                                               uint8_t* slot, const LoaderFault* fault,
                                               uint64_t* bytes_read);
-  absl::Status SwitchToBuffered(std::string reason);
+  void SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
   // Where the next urgent load goes in queue_ (mu_ held).
   std::deque<Ticket>::iterator FirstNotUrgent();
@@ -144,10 +201,17 @@ class Loader {
   const ExpertDirectory& directory_;
   const IoMode requested_mode_;
   const size_t queue_capacity_;
+  const std::chrono::milliseconds wait_deadline_;
+  const std::function<void(const ExpertInfo&)> before_read_;
 
-  // Owned by the I/O thread after Create (mode_ and fallback_reason_ read under mu_).
-  int fd_ = -1;
-  std::unique_ptr<core::MappedFile> mapping_;
+  // Fixed after Create (read by the I/O thread and by a Wait past its deadline; both
+  // descriptors stay open, so a fallback to buffered reads closes none under a read).
+  int direct_fd_ = -1;    // kDirect: O_DIRECT
+  int buffered_fd_ = -1;  // kDirect and kBuffered
+  std::unique_ptr<core::MappedFile> mapping_;  // kMmap
+  core::FileIdentity identity_;  // the file as opened
+  std::string absolute_path_;    // where it is checked (a later chdir cannot move it)
+  // The I/O thread's (mode_ and fallback_reason_ read under mu_).
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;
   uint64_t slot_bytes_ = 0;

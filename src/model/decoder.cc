@@ -298,6 +298,10 @@ absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
   return absl::OkStatus();
 }
 
+void DecoderModel::CancelPendingLoads() {
+  if (expert_cache_ != nullptr) expert_cache_->CancelQueuedLoads();
+}
+
 absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
                                            const ModelLoadOptions& options) {
   const double fraction = options.expert_pool_fraction;

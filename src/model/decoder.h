@@ -63,6 +63,7 @@ class DecoderModel final : public Model {
   absl::Status SaveHotSet() override;
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
+  void CancelPendingLoads() override;
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
   memory::MemoryBudget* budget() override { return budget_.get(); }
   void ApplyMemoryLimits(bool drop_unused) override;

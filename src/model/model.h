@@ -316,6 +316,10 @@ class Model {
     (void)depth;
     return absl::OkStatus();
   }
+  // Drops the expert loads still queued (prefetches of a cancelled generation); the read
+  // in progress, if any, finishes in the background. Never waits; a no-op without a
+  // pool. Call it between Forward calls, from the thread that runs them.
+  virtual void CancelPendingLoads() {}
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }

@@ -13,6 +13,7 @@ namespace moert::experts {
 namespace {
 
 using testing::TestModel;
+using testing::ViewBytes;
 using testing::TestModelOptions;
 
 constexpr uint64_t kKiB = 1024;
@@ -35,10 +36,6 @@ std::unique_ptr<ExpertCache> Cache(const TestModel& model, uint64_t pool_bytes,
   auto cache = ExpertCache::Create(model.Directory(), options);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
-}
-
-std::vector<uint8_t> ViewBytes(const backend::FfnView& v, uint64_t runtime_bytes) {
-  return {v.gate.data, v.gate.data + runtime_bytes};
 }
 
 // Acquire + Release, checking the weights.

@@ -19,18 +19,9 @@
 namespace moert::experts {
 namespace {
 
+using testing::Block;
 using testing::TestModel;
 using testing::TestModelOptions;
-
-// An aligned destination block.
-struct Block {
-  explicit Block(uint64_t bytes)
-      : data(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))), size(bytes) {}
-  ~Block() { std::free(data); }
-  std::vector<uint8_t> bytes() const { return {data, data + size}; }
-  uint8_t* data;
-  uint64_t size;
-};
 
 TEST(ExpertDirectory, RangesFollowTheStackedTensors) {
   const TestModel model = testing::WriteTestModel(testing::TempDir("dir"), "m.gguf");

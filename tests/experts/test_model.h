@@ -4,11 +4,13 @@
 #define MOERT_TESTS_EXPERTS_TEST_MODEL_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/matrix.h"
 #include "backend/packing.h"
 #include "experts/expert_directory.h"
 #include "format/ggml_types.h"
@@ -46,6 +48,23 @@ TestModel WriteTestModel(const std::string& dir, const std::string& name,
 
 // A fresh empty folder under the test temp dir.
 std::string TempDir(const std::string& name);
+
+// A loader's destination: `bytes` bytes, 64-byte aligned.
+struct Block {
+  explicit Block(uint64_t bytes)
+      : data(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))), size(bytes) {}
+  ~Block() { std::free(data); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  std::vector<uint8_t> bytes() const { return {data, data + size}; }
+  uint8_t* data;
+  uint64_t size;
+};
+
+// The block an expert cache handed out (its gate part starts it), `runtime_bytes` long.
+inline std::vector<uint8_t> ViewBytes(const backend::FfnView& v, uint64_t runtime_bytes) {
+  return {v.gate.data, v.gate.data + runtime_bytes};
+}
 
 }  // namespace moert::experts::testing
 

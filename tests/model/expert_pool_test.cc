@@ -16,67 +16,26 @@
 #include <string>
 #include <vector>
 
-#include "common/greedy_run.h"
 #include "experts/expert_cache.h"
 #include "experts/loader.h"
 #include "format/gguf.h"
 #include "model/decoder.h"
+#include "model/expert_pool_util.h"
 #include "model/model.h"
 
 namespace moert::model {
 namespace {
 
-const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
-constexpr int kPromptTokens = 48;
-constexpr int kDecodeSteps = 12;
-
-const format::GgufFile& File(const std::string& name) {
-  static auto* files = new std::map<std::string, std::unique_ptr<format::GgufFile>>();
-  auto it = files->find(name);
-  if (it == files->end()) {
-    auto file = format::GgufFile::Open(kModels + name);
-    EXPECT_TRUE(file.ok()) << file.status();
-    it = files->emplace(name, std::move(*file)).first;
-  }
-  return *it->second;
-}
-
-ModelLoadOptions Options() {
-  ModelLoadOptions options;
-  options.threads = 2;
-  options.kv_cache_positions = 64;
-  // The residency penalty off: with it, the router prefers resident experts under
-  // pressure and the tokens may differ from fully resident ones by design.
-  options.router.alpha = 0;
-  return options;
-}
-
-std::unique_ptr<Model> Load(const std::string& name, const ModelLoadOptions& options) {
-  auto model = Model::Load(File(name), options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
-
-using test_util::Argmax;
+using pool_test::File;
+using pool_test::Generate;
+using pool_test::Generation;
+using pool_test::kDecodeSteps;
+using pool_test::kPromptTokens;
+using pool_test::Load;
+using pool_test::Options;
+using pool_test::Prompt;
+using pool_test::Reference;
 using test_util::SameBits;
-using Generation = test_util::GreedyRun;
-
-std::vector<int32_t> Prompt() { return test_util::SpreadPrompt(kPromptTokens); }
-
-// A prefill batch, then greedy decoding one token at a time.
-Generation Generate(Model& model) {
-  return test_util::RunGreedy(model, kPromptTokens, kDecodeSteps);
-}
-
-const Generation& Reference(const std::string& name) {
-  static auto* refs = new std::map<std::string, Generation>();
-  auto it = refs->find(name);
-  if (it == refs->end()) {
-    std::unique_ptr<Model> model = Load(name, Options());
-    it = refs->emplace(name, model != nullptr ? Generate(*model) : Generation()).first;
-  }
-  return it->second;
-}
 
 struct PoolCase {
   std::string model;

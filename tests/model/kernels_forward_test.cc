@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/oracle_file.h"
 #include "format/gguf.h"
 #include "kernels/config.h"
 #include "model/model.h"
@@ -27,16 +28,7 @@ const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
 constexpr int kVocab = 2048;
 constexpr int32_t kBos = 1;
 
-const format::GgufFile& File(const std::string& name) {
-  static auto* files = new std::map<std::string, std::unique_ptr<format::GgufFile>>();
-  auto it = files->find(name);
-  if (it == files->end()) {
-    auto file = format::GgufFile::Open(kModels + name);
-    EXPECT_TRUE(file.ok()) << file.status();
-    it = files->emplace(name, std::move(*file)).first;
-  }
-  return *it->second;
-}
+const format::GgufFile& File(const std::string& name) { return test_util::OracleFile(name); }
 
 std::unique_ptr<Model> Load(const std::string& name, bool kernels,
                             kernels::Isa isa = kernels::Isa::kScalar, int threads = 1) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/greedy_run.h"
+#include "common/oracle_file.h"
 #include "core/strings.h"
 #include "experts/expert_cache.h"
 #include "experts/loader.h"
@@ -67,16 +68,7 @@ class Watchdog {
   std::thread thread_;
 };
 
-const format::GgufFile& File(const std::string& name) {
-  static auto* files = new std::map<std::string, std::unique_ptr<format::GgufFile>>();
-  auto it = files->find(name);
-  if (it == files->end()) {
-    auto file = format::GgufFile::Open(kModels + name);
-    EXPECT_TRUE(file.ok()) << file.status();
-    it = files->emplace(name, std::move(*file)).first;
-  }
-  return *it->second;
-}
+const format::GgufFile& File(const std::string& name) { return test_util::OracleFile(name); }
 
 ModelLoadOptions Options(bool prefetch, double fraction) {
   ModelLoadOptions options;
