@@ -47,7 +47,8 @@ class CpuFallbackBackend::Staging {
     MOERT_ASSIGN_OR_RETURN(q, In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
     MOERT_ASSIGN_OR_RETURN(k, InCache(k, shape.key_type(), kv, shape.n_head_kv, shape.head_dim_k));
     if (v.empty()) return absl::OkStatus();
-    MOERT_ASSIGN_OR_RETURN(v, InCache(v, shape.value_type(), kv, shape.n_head_kv, shape.head_dim_v));
+    MOERT_ASSIGN_OR_RETURN(v,
+                           InCache(v, shape.value_type(), kv, shape.n_head_kv, shape.head_dim_v));
     return absl::OkStatus();
   }
   absl::Status Flush() {

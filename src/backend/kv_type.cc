@@ -38,9 +38,9 @@ absl::StatusOr<size_t> KvRowBytes(KvType type, int64_t width) {
       return values * 2;
     case KvType::kQ8_0:
       if (width % kQ8_0BlockValues != 0) {
-        return absl::InvalidArgumentError(
-            StrCat("a q8_0 KV cache needs rows of a multiple of ", kQ8_0BlockValues,
-                   " values; this one is ", width, " wide"));
+        return absl::InvalidArgumentError(StrCat("a q8_0 KV cache needs rows of a multiple of ",
+                                                 kQ8_0BlockValues, " values; this one is ", width,
+                                                 " wide"));
       }
       return values / kQ8_0BlockValues * kQ8_0BlockBytes;
   }

@@ -9,8 +9,8 @@
 // Bounds against the CPU reference (NMSE, as tests/backend/opencl_test.cc explains):
 // matmul (packed and fp32/fp16 weights), RMSNorm, LayerNorm, RoPE, softmax,
 // attention (over every KV cache type), top-k weights: 1e-10; fused MoE: 1e-6; top-k
-// expert ids, gather, add, add_bias, store_half, store_kv: equal; silu_mul, moe_combine, gated_add: 1e-12; GELU: one
-// half ulp.
+// expert ids, gather, add, add_bias, store_half, store_kv: equal; silu_mul,
+// moe_combine, gated_add: 1e-12; GELU: one half ulp.
 // Against the naive formulas: relative 1e-5 of each value's error scale (for a sum,
 // the sum of the magnitudes of its terms).
 //
@@ -710,7 +710,8 @@ absl::StatusOr<std::vector<uint8_t>> RunStoreKv(Backend& b, KvType type, const F
   MOERT_ASSIGN_OR_RETURN(const size_t row_bytes, KvRowBytes(type, width));
   const size_t bytes = row_bytes * static_cast<size_t>(n_rows);
   MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> xb, Put(b, x, kAt));
-  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> yb, Put(b, std::vector<uint8_t>(bytes, 0xA5), kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> yb,
+                         Put(b, std::vector<uint8_t>(bytes, 0xA5), kAt));
   MOERT_RETURN_IF_ERROR(b.StoreKv(type, TensorRef(xb, kAt), n_rows, width, TensorRef(yb, kAt)));
   return Get<uint8_t>(b, TensorRef(yb, kAt), bytes);
 }

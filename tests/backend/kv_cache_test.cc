@@ -252,7 +252,8 @@ TEST(KvTypeTest, RowBytes) {
 Floats EdgeRows(int64_t n_rows, int64_t width) {
   Floats x = Random(static_cast<size_t>(n_rows * width), 7, 2.0f);
   for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t i = 0; i < width; ++i) x[r * width + i] *= std::pow(4.0f, static_cast<float>(r % 5) - 2);
+    for (int64_t i = 0; i < width; ++i)
+      x[r * width + i] *= std::pow(4.0f, static_cast<float>(r % 5) - 2);
   }
   std::fill(x.begin(), x.begin() + 32, 0.0f);
   if (x.size() >= 128) {
@@ -302,7 +303,7 @@ TEST(CpuStoreKvTest, EdgeBlocksHoldWhatGgmlStores) {
   EXPECT_EQ(b[2].qs[0], -127);
   EXPECT_EQ(b[2].qs[1], -15);  // -14.5 away from zero
   EXPECT_EQ(b[2].qs[31], 16);  // 15.5 away from zero
-  EXPECT_GT(b[3].d, 0u);  // a subnormal half
+  EXPECT_GT(b[3].d, 0u);       // a subnormal half
   EXPECT_LT(b[3].d, 0x0400u);
   // And the CPU stores the same.
   cpu::CpuBackend cpu(1);
@@ -339,12 +340,12 @@ TEST(CpuStoreKvTest, RefusesWidthsQ8_0CannotHoldAndCachesTooSmall) {
 // --- Attention over typed caches.
 
 const Shape kShapes[] = {
-    {4, 2, 16, 16, 0, 5},          // prefill: a q8_0 block holds two KV heads
-    {4, 2, 32, 16, 7, 1},          // decode, dk != dv
-    {4, 1, 64, 32, 6, 3},          // MQA, a chunk after a cache
-    {4, 2, 128, 128, 300, 2},      // a long cache
-    {2, 2, 32, 32, 0, 10, 10},     // unmasked (a vision tower)
-    {4, 2, 16, 32, 0, 3, 13},      // unmasked, few queries over more keys
+    {4, 2, 16, 16, 0, 5},       // prefill: a q8_0 block holds two KV heads
+    {4, 2, 32, 16, 7, 1},       // decode, dk != dv
+    {4, 1, 64, 32, 6, 3},       // MQA, a chunk after a cache
+    {4, 2, 128, 128, 300, 2},   // a long cache
+    {2, 2, 32, 32, 0, 10, 10},  // unmasked (a vision tower)
+    {4, 2, 16, 32, 0, 3, 13},   // unmasked, few queries over more keys
 };
 
 // Attention over caches of any type pair is attention over those caches widened to
@@ -361,18 +362,18 @@ TEST(CpuTypedAttentionTest, IsAttentionOverTheWidenedCachesBitForBit) {
         const Bytes f32_v = GgmlStore(KvType::kF32, GgmlWiden(vt, v));
         for (Kind kind : {Kind::kCausal, Kind::kFull, Kind::kEntropy}) {
           if ((kind == Kind::kCausal) != (s.n_kv == 0)) continue;
-          const std::string what = StrCat(s.Describe(), kind == Kind::kEntropy ? " entropy" : "",
-                                          ", ", KvTypeName(kt), " keys, ", KvTypeName(vt),
-                                          " values");
-          absl::StatusOr<Floats> want = Attend(one, kind, s, s.Args(KvType::kF32, KvType::kF32),
-                                               q, f32_k, f32_v);
+          const std::string what =
+              StrCat(s.Describe(), kind == Kind::kEntropy ? " entropy" : "", ", ", KvTypeName(kt),
+                     " keys, ", KvTypeName(vt), " values");
+          absl::StatusOr<Floats> want =
+              Attend(one, kind, s, s.Args(KvType::kF32, KvType::kF32), q, f32_k, f32_v);
           ASSERT_TRUE(want.ok()) << what << ": " << want.status();
           for (cpu::CpuBackend* cpu : {&one, &three}) {
-            absl::StatusOr<Floats> got = Attend(*cpu, kind, s, s.Args(kt, vt), q,
-                                                GgmlStore(kt, k), GgmlStore(vt, v));
+            absl::StatusOr<Floats> got =
+                Attend(*cpu, kind, s, s.Args(kt, vt), q, GgmlStore(kt, k), GgmlStore(vt, v));
             ASSERT_TRUE(got.ok()) << what << ": " << got.status();
-            EXPECT_TRUE(SameBits(*got, *want)) << what << " on " << cpu->pool().threads()
-                                               << " threads";
+            EXPECT_TRUE(SameBits(*got, *want))
+                << what << " on " << cpu->pool().threads() << " threads";
           }
         }
       }
@@ -453,9 +454,9 @@ TEST(CpuFallbackKvTest, StoreKvAndTypedAttentionTheDeviceLacksRunOnTheCpu) {
     // fp32 caches stay on the device.
     const uint64_t device_ops = counts->ops;
     const AttentionArgs f32 = s.Args(KvType::kF32, KvType::kF32);
-    ASSERT_TRUE(Attend(b, Kind::kCausal, s, f32, q, GgmlStore(KvType::kF32, k),
-                       GgmlStore(KvType::kF32, v))
-                    .ok());
+    ASSERT_TRUE(
+        Attend(b, Kind::kCausal, s, f32, q, GgmlStore(KvType::kF32, k), GgmlStore(KvType::kF32, v))
+            .ok());
     EXPECT_EQ(counts->ops, device_ops + 1);
     EXPECT_EQ(b.cpu_ops(), cpu_ops + 1);
   }

@@ -348,9 +348,9 @@ absl::Status CpuBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef 
   }
   MOERT_ASSIGN_OR_RETURN(const float* qp,
                          At<const float>(q, n * shape.n_head * shape.head_dim_k, name, "q"));
-  MOERT_ASSIGN_OR_RETURN(const KvRows kp, CacheAt(k, shape.key_type(), n_kv,
-                                                  int64_t{shape.n_head_kv} * shape.head_dim_k,
-                                                  name, "k"));
+  MOERT_ASSIGN_OR_RETURN(
+      const KvRows kp,
+      CacheAt(k, shape.key_type(), n_kv, int64_t{shape.n_head_kv} * shape.head_dim_k, name, "k"));
   MOERT_ASSIGN_OR_RETURN(float* ep, At<float>(entropy, n * shape.n_head, name, "entropy"));
   cpu::AttentionEntropy(*pool_, ShapeOf(shape, n_kv), qp, n, kp, ep);
   return absl::OkStatus();

@@ -65,7 +65,9 @@ void DecodeKvValues(KvType type, const uint8_t* row, int64_t begin, int64_t coun
       std::memcpy(out, row + begin * 4, static_cast<size_t>(count) * 4);
       return;
     case KvType::kF16:
-      for (int64_t i = 0; i < count; ++i) out[i] = core::Fp16ToFloat(GetHalf(row + 2 * (begin + i)));
+      for (int64_t i = 0; i < count; ++i) {
+        out[i] = core::Fp16ToFloat(GetHalf(row + 2 * (begin + i)));
+      }
       return;
     case KvType::kQ8_0: {
       const int64_t end = begin + count;
