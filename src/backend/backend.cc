@@ -78,6 +78,8 @@ std::string_view OpName(Op op) {
       return "store_half";
     case Op::kGatedAdd:
       return "gated_add";
+    case Op::kStoreKv:
+      return "store_kv";
   }
   return "?";
 }

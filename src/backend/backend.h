@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/kv_type.h"
 #include "backend/matrix.h"
 
 namespace moert::backend {
@@ -110,13 +111,14 @@ enum class Op {
   kMoeCombine,  // the weighted merge of expert outputs in slot order
   kStoreHalf,   // floats rounded to IEEE half (a half KV cache)
   kGatedAdd,    // out += y * sigmoid(gate): qwen2moe's shared expert
+  kStoreKv,     // float rows into a KV cache of a KvType (f32, f16, q8_0)
 };
 inline constexpr Op kAllOps[] = {
     Op::kMatMul,   Op::kRmsNorm, Op::kLayerNorm,  Op::kRope,       Op::kAttention,
     Op::kFullAttention, Op::kAttentionEntropy,
     Op::kSoftmax,  Op::kSiluMul, Op::kGelu,       Op::kAdd,        Op::kAddBias,
     Op::kTopK,     Op::kFusedMoe, Op::kGatherRows, Op::kMoeCombine, Op::kStoreHalf,
-    Op::kGatedAdd};
+    Op::kGatedAdd, Op::kStoreKv};
 std::string_view OpName(Op op);
 
 // The device a backend runs on, in words.
@@ -152,7 +154,18 @@ struct AttentionArgs {
   int head_dim_k = 0;
   int head_dim_v = 0;
   float scale = 1;       // applied to q.k before the softmax
-  bool kv_half = false;  // the caches hold IEEE halves (StoreHalf's rows)
+  // A device's half cache (graph.h's kv_half): the caches hold IEEE halves, StoreHalf's
+  // rows; the same bytes as k_type = v_type = kF16, which it must not be combined with.
+  bool kv_half = false;
+  // What the key and value caches hold: rows of n_head_kv * head dim values as
+  // StoreKv wrote them (KvRowBytes apart). A backend that reads only some types says so
+  // in SupportsKv.
+  KvType k_type = KvType::kF32;
+  KvType v_type = KvType::kF32;
+
+  // The types the caches hold, kv_half included.
+  KvType key_type() const { return kv_half ? KvType::kF16 : k_type; }
+  KvType value_type() const { return kv_half ? KvType::kF16 : v_type; }
 };
 
 // One MoE layer's experts (or a dense FFN: groups 1) for FusedMoe: SwiGLU weights
@@ -188,6 +201,10 @@ class Backend {
   // Whether `op` runs here for weights of `type` (matmul, fused MoE; ignored by the
   // other ops). A caller places an op the backend lacks on the CPU.
   virtual bool Supports(Op op, WeightType type = WeightType::kF32) const = 0;
+  // Optional: whether Attention, FullAttention and AttentionEntropy here read caches of
+  // `type` (AttentionArgs::k_type / v_type; kv_half is the device path's own switch).
+  // A caller places attention over a type the backend lacks on the CPU. Default: f32.
+  virtual bool SupportsKv(KvType type) const { return type == KvType::kF32; }
   // Whether the host reads and writes this backend's buffers in place (no copies to
   // reach its results: routing on the host costs nothing).
   virtual bool host_memory() const { return false; }
@@ -234,16 +251,18 @@ class Backend {
                             int head_dim, TensorRef x) = 0;
   // Causal attention of the n queries at positions pos0 .. (q: [n][n_head * head_dim_k])
   // over cached keys/values at positions 0 .. pos0 + n - 1 (rows of n_head_kv * head
-  // dim); out: [n][n_head * head_dim_v].
+  // dim, of shape.k_type / v_type); out: [n][n_head * head_dim_v].
   virtual absl::Status Attention(const AttentionArgs& shape, TensorRef q, int64_t n, int64_t pos0,
                                  TensorRef k_cache, TensorRef v_cache, TensorRef out) = 0;
   // Attention without a mask: each of the n queries (q: [n][n_head * head_dim_k]) over
   // all n_kv keys and values (k: [n_kv][n_head_kv * head_dim_k], v likewise); out:
-  // [n][n_head * head_dim_v]. shape.kv_half must be false.
+  // [n][n_head * head_dim_v]. k and v are rows of shape.k_type / v_type; kv_half is the
+  // device path's (the CPU reads it as kF16, OpenCL refuses it).
   virtual absl::Status FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                      TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) = 0;
   // The entropy in nats of each query's FullAttention distribution per head (the
-  // softmax of scale * q . k over the n_kv keys): entropy [n][n_head].
+  // softmax of scale * q . k over the n_kv keys, rows of shape.k_type): entropy
+  // [n][n_head].
   virtual absl::Status AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n,
                                         TensorRef k, int64_t n_kv, TensorRef entropy) = 0;
   // Softmax of each of n_rows rows of width; y may be x.
@@ -279,6 +298,11 @@ class Backend {
   // out[t][i] += y[t][i] * sigmoid(gate[t]) for n rows of width (gate: n floats).
   virtual absl::Status GatedAdd(TensorRef out, TensorRef y, TensorRef gate, int64_t n,
                                 int64_t width) = 0;
+  // n_rows rows of width floats at src into a KV cache of `type`: row r at byte
+  // r * KvRowBytes(type, width) from dst (f32: a copy; f16: core::FloatToFp16; q8_0:
+  // ggml's quantize_row_q8_0_ref). InvalidArgument for a width KvRowBytes refuses.
+  virtual absl::Status StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                               TensorRef dst) = 0;
 
  protected:
   // Unimplemented naming the backend, the op and the weight type (for ops a backend

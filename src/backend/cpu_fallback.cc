@@ -1,6 +1,7 @@
 // A device backend whose missing ops run on the CPU (see cpu_fallback.h).
 #include "backend/cpu_fallback.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/status.h"
@@ -39,6 +40,17 @@ class CpuFallbackBackend::Staging {
   absl::StatusOr<TensorRef> Out(TensorRef ref, size_t bytes, bool read = false) {
     return Stage(ref, bytes, read, true);
   }
+  // An attention op's inputs, replaced by their host copies: q (n queries) and the
+  // first kv rows of the caches of the shape's types (v empty: none).
+  absl::Status InAttention(const AttentionArgs& shape, int64_t n, int64_t kv, TensorRef& q,
+                           TensorRef& k, TensorRef& v) {
+    MOERT_ASSIGN_OR_RETURN(q, In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
+    MOERT_ASSIGN_OR_RETURN(k, InCache(k, shape.key_type(), kv, shape.n_head_kv, shape.head_dim_k));
+    if (v.empty()) return absl::OkStatus();
+    MOERT_ASSIGN_OR_RETURN(v,
+                           InCache(v, shape.value_type(), kv, shape.n_head_kv, shape.head_dim_v));
+    return absl::OkStatus();
+  }
   absl::Status Flush() {
     for (Entry& e : entries_) {
       if (e.out) MOERT_RETURN_IF_ERROR(device_.Write(e.device, e.host->host(), e.bytes));
@@ -53,6 +65,12 @@ class CpuFallbackBackend::Staging {
     std::unique_ptr<Buffer> host;
     bool out = false;
   };
+  // `rows` KV cache rows of n_head_kv * head_dim values of `type`.
+  absl::StatusOr<TensorRef> InCache(TensorRef ref, KvType type, int64_t rows, int n_head_kv,
+                                    int head_dim) {
+    MOERT_ASSIGN_OR_RETURN(const size_t row, KvRowBytes(type, int64_t{n_head_kv} * head_dim));
+    return In(ref, static_cast<size_t>(std::max<int64_t>(rows, 0)) * row);
+  }
   absl::StatusOr<TensorRef> Stage(TensorRef ref, size_t bytes, bool read, bool out) {
     if (ref.empty()) return TensorRef();
     for (Entry& e : entries_) {
@@ -164,16 +182,13 @@ absl::Status CpuFallbackBackend::Rope(const RopeArgs& rope, int64_t pos0, int64_
 absl::Status CpuFallbackBackend::Attention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                            int64_t pos0, TensorRef k_cache, TensorRef v_cache,
                                            TensorRef out) {
-  if (OnDevice(Op::kAttention)) return device_->Attention(shape, q, n, pos0, k_cache, v_cache, out);
+  if (OnDevice(Op::kAttention, shape)) {
+    return device_->Attention(shape, q, n, pos0, k_cache, v_cache, out);
+  }
   ++cpu_ops_;
   Staging s(*device_, cpu_);
-  const int64_t kv = pos0 + n;
-  const size_t elem = shape.kv_half ? 2 : 4;
-  MOERT_ASSIGN_OR_RETURN(TensorRef hq, s.In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
-  MOERT_ASSIGN_OR_RETURN(TensorRef hk,
-                         s.In(k_cache, static_cast<size_t>(kv * shape.n_head_kv * shape.head_dim_k) * elem));
-  MOERT_ASSIGN_OR_RETURN(TensorRef hv,
-                         s.In(v_cache, static_cast<size_t>(kv * shape.n_head_kv * shape.head_dim_v) * elem));
+  TensorRef hq = q, hk = k_cache, hv = v_cache;
+  MOERT_RETURN_IF_ERROR(s.InAttention(shape, n, pos0 + n, hq, hk, hv));
   MOERT_ASSIGN_OR_RETURN(TensorRef ho,
                          s.Out(out, static_cast<size_t>(n * shape.n_head * shape.head_dim_v) * 4));
   MOERT_RETURN_IF_ERROR(cpu_.Attention(shape, hq, n, pos0, hk, hv, ho));
@@ -183,14 +198,13 @@ absl::Status CpuFallbackBackend::Attention(const AttentionArgs& shape, TensorRef
 absl::Status CpuFallbackBackend::FullAttention(const AttentionArgs& shape, TensorRef q, int64_t n,
                                                TensorRef k, TensorRef v, int64_t n_kv,
                                                TensorRef out) {
-  if (OnDevice(Op::kFullAttention)) return device_->FullAttention(shape, q, n, k, v, n_kv, out);
+  if (OnDevice(Op::kFullAttention, shape)) {
+    return device_->FullAttention(shape, q, n, k, v, n_kv, out);
+  }
   ++cpu_ops_;
   Staging s(*device_, cpu_);
-  MOERT_ASSIGN_OR_RETURN(TensorRef hq, s.In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
-  MOERT_ASSIGN_OR_RETURN(TensorRef hk,
-                         s.In(k, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_k) * 4));
-  MOERT_ASSIGN_OR_RETURN(TensorRef hv,
-                         s.In(v, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_v) * 4));
+  TensorRef hq = q, hk = k, hv = v;
+  MOERT_RETURN_IF_ERROR(s.InAttention(shape, n, n_kv, hq, hk, hv));
   MOERT_ASSIGN_OR_RETURN(TensorRef ho,
                          s.Out(out, static_cast<size_t>(n * shape.n_head * shape.head_dim_v) * 4));
   MOERT_RETURN_IF_ERROR(cpu_.FullAttention(shape, hq, n, hk, hv, n_kv, ho));
@@ -200,14 +214,13 @@ absl::Status CpuFallbackBackend::FullAttention(const AttentionArgs& shape, Tenso
 absl::Status CpuFallbackBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef q,
                                                   int64_t n, TensorRef k, int64_t n_kv,
                                                   TensorRef entropy) {
-  if (OnDevice(Op::kAttentionEntropy)) {
+  if (OnDevice(Op::kAttentionEntropy, shape)) {
     return device_->AttentionEntropy(shape, q, n, k, n_kv, entropy);
   }
   ++cpu_ops_;
   Staging s(*device_, cpu_);
-  MOERT_ASSIGN_OR_RETURN(TensorRef hq, s.In(q, static_cast<size_t>(n * shape.n_head * shape.head_dim_k) * 4));
-  MOERT_ASSIGN_OR_RETURN(TensorRef hk,
-                         s.In(k, static_cast<size_t>(n_kv * shape.n_head_kv * shape.head_dim_k) * 4));
+  TensorRef hq = q, hk = k, none;
+  MOERT_RETURN_IF_ERROR(s.InAttention(shape, n, n_kv, hq, hk, none));
   MOERT_ASSIGN_OR_RETURN(TensorRef he, s.Out(entropy, static_cast<size_t>(n * shape.n_head) * 4));
   MOERT_RETURN_IF_ERROR(cpu_.AttentionEntropy(shape, hq, n, hk, n_kv, he));
   return s.Flush();
@@ -367,6 +380,19 @@ absl::Status CpuFallbackBackend::GatedAdd(TensorRef out, TensorRef y, TensorRef 
   MOERT_ASSIGN_OR_RETURN(TensorRef hy, s.In(y, static_cast<size_t>(n * width) * 4));
   MOERT_ASSIGN_OR_RETURN(TensorRef hg, s.In(gate, static_cast<size_t>(n) * 4));
   MOERT_RETURN_IF_ERROR(cpu_.GatedAdd(ho, hy, hg, n, width));
+  return s.Flush();
+}
+
+absl::Status CpuFallbackBackend::StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                                         TensorRef dst) {
+  if (OnDevice(Op::kStoreKv)) return device_->StoreKv(type, src, n_rows, width, dst);
+  ++cpu_ops_;
+  Staging s(*device_, cpu_);
+  MOERT_ASSIGN_OR_RETURN(const size_t row_bytes, KvRowBytes(type, width));
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(n_rows, 0));
+  MOERT_ASSIGN_OR_RETURN(TensorRef hs, s.In(src, rows * static_cast<size_t>(width) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef hd, s.Out(dst, rows * row_bytes));
+  MOERT_RETURN_IF_ERROR(cpu_.StoreKv(type, hs, n_rows, width, hd));
   return s.Flush();
 }
 

@@ -5,6 +5,9 @@
 // copy), so a matmul or fused expert op the device lacks runs there. The layer graph
 // and the MoE scheduler talk to this one backend and never ask what runs where.
 //
+// Attention over KV cache types the device does not read (SupportsKv) runs on the CPU
+// too, the caches read back whole.
+//
 // Placed experts (an expert pool's region) run on the CPU only from a region the host
 // reads in place (a wrapped host range).
 #ifndef MOERT_BACKEND_CPU_FALLBACK_H_
@@ -33,6 +36,7 @@ class CpuFallbackBackend final : public Backend {
   // What the device runs itself (a caller chooses its algorithm by it); every op runs,
   // the others on the CPU.
   bool Supports(Op op, WeightType type) const override;
+  bool SupportsKv(KvType type) const override { return device_->SupportsKv(type); }
   bool host_memory() const override { return device_->host_memory(); }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
@@ -83,12 +87,18 @@ class CpuFallbackBackend final : public Backend {
   absl::Status StoreHalf(TensorRef x, int64_t count, TensorRef y) override;
   absl::Status GatedAdd(TensorRef out, TensorRef y, TensorRef gate, int64_t n,
                         int64_t width) override;
+  absl::Status StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                       TensorRef dst) override;
 
  private:
   class Staging;
 
   bool OnDevice(Op op, WeightType type = WeightType::kF32) const {
     return device_->Supports(op, type);
+  }
+  // An attention op over caches of these types (the device must read both).
+  bool OnDevice(Op op, const AttentionArgs& shape) const {
+    return OnDevice(op) && device_->SupportsKv(shape.k_type) && device_->SupportsKv(shape.v_type);
   }
 
   std::unique_ptr<Backend> device_;

@@ -2,9 +2,11 @@
 list(APPEND MOERT_SOURCES
   backend/packing.cc
   backend/cpu/qmatmul.cc
+  backend/cpu/kv_rows.cc
   backend/cpu/f32_ops.cc
   backend/matrix.cc
   backend/expert_groups.cc
+  backend/kv_type.cc
   backend/backend.cc
   backend/cpu/cpu_backend.cc
   backend/cpu/xnnpack_f32.cc

@@ -8,9 +8,9 @@
 //
 // Bounds against the CPU reference (NMSE, as tests/backend/opencl_test.cc explains):
 // matmul (packed and fp32/fp16 weights), RMSNorm, LayerNorm, RoPE, softmax,
-// attention, top-k weights: 1e-10; fused MoE: 1e-6; top-k expert ids, gather, add,
-// add_bias, store_half: equal; silu_mul, moe_combine, gated_add: 1e-12; GELU: one
-// half ulp.
+// attention (over every KV cache type), top-k weights: 1e-10; fused MoE: 1e-6; top-k
+// expert ids, gather, add, add_bias, store_half, store_kv: equal; silu_mul,
+// moe_combine, gated_add: 1e-12; GELU: one half ulp.
 // Against the naive formulas: relative 1e-5 of each value's error scale (for a sum,
 // the sum of the magnitudes of its terms).
 //
@@ -701,6 +701,50 @@ absl::StatusOr<std::vector<uint16_t>> RunStoreHalf(Backend& b, const Floats& x) 
   MOERT_RETURN_IF_ERROR(
       b.StoreHalf(TensorRef(xb, kAt), static_cast<int64_t>(x.size()), TensorRef(yb, kAt)));
   return Get<uint16_t>(b, TensorRef(yb, kAt), x.size());
+}
+
+// n_rows rows of `width` floats through StoreKv into a cache of `type` kAt bytes into
+// its buffer: the cache's bytes.
+absl::StatusOr<std::vector<uint8_t>> RunStoreKv(Backend& b, KvType type, const Floats& x,
+                                                int64_t n_rows, int64_t width) {
+  MOERT_ASSIGN_OR_RETURN(const size_t row_bytes, KvRowBytes(type, width));
+  const size_t bytes = row_bytes * static_cast<size_t>(n_rows);
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> xb, Put(b, x, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> yb,
+                         Put(b, std::vector<uint8_t>(bytes, 0xA5), kAt));
+  MOERT_RETURN_IF_ERROR(b.StoreKv(type, TensorRef(xb, kAt), n_rows, width, TensorRef(yb, kAt)));
+  return Get<uint8_t>(b, TensorRef(yb, kAt), bytes);
+}
+
+// A typed KV cache's bytes (k, v) and what the attention ops read them as.
+struct TypedCaches {
+  KvType k_type = KvType::kF32;
+  KvType v_type = KvType::kF32;
+  std::vector<uint8_t> k, v;
+};
+
+// The attention ops over typed caches: causal Attention (n_kv 0), FullAttention over
+// n_kv keys, or (entropy) AttentionEntropy over n_kv keys.
+absl::StatusOr<Floats> RunTypedAttention(Backend& b, const AttentionCase& c, const Floats& q,
+                                         const TypedCaches& caches, int64_t n_kv = 0,
+                                         bool entropy = false) {
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> qb, Put(b, q, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> kb, Put(b, caches.k, kAt));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> vb, Put(b, caches.v));
+  const size_t count = static_cast<size_t>(c.n * c.n_head * (entropy ? 1 : c.dv));
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> out, Output(b, count));
+  AttentionArgs args{c.n_head, c.n_head_kv, c.dk, c.dv, c.scale(), false};
+  args.k_type = caches.k_type;
+  args.v_type = caches.v_type;
+  const TensorRef qr(qb, kAt), kr(kb, kAt);
+  if (entropy) {
+    MOERT_RETURN_IF_ERROR(b.AttentionEntropy(args, qr, c.n, kr, n_kv, out));
+  } else if (n_kv > 0) {
+    MOERT_RETURN_IF_ERROR(b.FullAttention(args, qr, c.n, kr, vb, n_kv, out));
+  } else {
+    MOERT_RETURN_IF_ERROR(b.Attention(args, qr, c.n, c.pos0, kr, vb, out));
+  }
+  return Get<float>(b, out, count);
 }
 
 // One MoE layer's stacked experts on a backend (its weights borrow `m`).
@@ -1668,6 +1712,81 @@ TEST_P(BackendConformanceTest, StoreHalf) {
   }
 }
 
+// StoreKv's rows of every KV cache type, bit for bit the CPU's (whose rows
+// tests/backend/kv_cache_test.cc checks against ggml's formulas); widths of one and
+// several q8_0 blocks, and enough rows to spread over threads.
+TEST_P(BackendConformanceTest, StoreKv) {
+  SKIP_UNLESS_SUPPORTED(Op::kStoreKv, WeightType::kF32);
+  for (KvType type : kAllKvTypes) {
+    for (const auto& [rows, width] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 96}, {300, 128}}) {
+      const std::string what = StrCat(On(), "store_kv ", KvTypeName(type), " ", rows, "x", width);
+      Floats x = RandomFloats(static_cast<size_t>(rows * width), 52, 3.0f);
+      std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero q8_0 block
+      absl::StatusOr<std::vector<uint8_t>> got = RunStoreKv(backend(), type, x, rows, width);
+      ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+      absl::StatusOr<std::vector<uint8_t>> want = RunStoreKv(reference(), type, x, rows, width);
+      ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+      EXPECT_TRUE(SameBits(*got, *want)) << what;
+    }
+  }
+}
+
+// Attention, FullAttention and AttentionEntropy over caches of every pair of KV cache
+// types (StoreKv's rows, made by the reference): a backend that reads both types
+// (SupportsKv) agrees with the CPU; one that does not refuses, Unimplemented.
+TEST_P(BackendConformanceTest, AttentionOverTypedCaches) {
+  struct TypedCase {
+    AttentionCase c;
+    int64_t n_kv;  // 0: causal Attention over c.n_kv() positions
+    bool entropy;
+  };
+  const TypedCase cases[] = {
+      {{4, 2, 16, 16, 0, 5}, 0, false},       // prefill; q8_0 blocks hold two heads
+      {{4, 2, 32, 16, 6, 3}, 0, false},       // a chunk after a cache, dk != dv
+      {{4, 2, 128, 128, 300, 2}, 0, false},   // a long cache
+      {{2, 2, 32, 32, 0, 10}, 10, false},     // full attention
+      {{4, 2, 16, 32, 0, 3}, 13, true},       // entropy
+  };
+  for (KvType kt : kAllKvTypes) {
+    for (KvType vt : kAllKvTypes) {
+      if (kt == KvType::kF32 && vt == KvType::kF32) continue;  // the tests above
+      const bool reads = backend().SupportsKv(kt) && backend().SupportsKv(vt);
+      for (const TypedCase& tc : cases) {
+        const AttentionCase& c = tc.c;
+        const Op op = tc.entropy ? Op::kAttentionEntropy
+                                 : tc.n_kv > 0 ? Op::kFullAttention : Op::kAttention;
+        if (!backend().Supports(op)) continue;
+        const std::string what = StrCat(On(), OpName(op), " ", c.Describe(), " over ",
+                                        KvTypeName(kt), " keys, ", KvTypeName(vt), " values");
+        const int64_t n_kv = tc.n_kv > 0 ? tc.n_kv : c.n_kv();
+        const int64_t kw = c.n_head_kv * c.dk, vw = c.n_head_kv * c.dv;
+        const Floats q = RandomFloats(static_cast<size_t>(c.n * c.n_head * c.dk), 61);
+        const Floats k = RandomFloats(static_cast<size_t>(n_kv * kw), 62);
+        const Floats v = RandomFloats(static_cast<size_t>(n_kv * vw), 63);
+        TypedCaches caches{kt, vt, {}, {}};
+        absl::StatusOr<std::vector<uint8_t>> kc = RunStoreKv(reference(), kt, k, n_kv, kw);
+        absl::StatusOr<std::vector<uint8_t>> vc = RunStoreKv(reference(), vt, v, n_kv, vw);
+        ASSERT_TRUE(kc.ok() && vc.ok()) << what << ": " << kc.status() << vc.status();
+        caches.k = std::move(*kc);
+        caches.v = std::move(*vc);
+        absl::StatusOr<Floats> got =
+            RunTypedAttention(backend(), c, q, caches, tc.n_kv, tc.entropy);
+        if (!reads) {
+          EXPECT_EQ(got.status().code(), absl::StatusCode::kUnimplemented) << what << ": "
+                                                                           << got.status();
+          continue;
+        }
+        ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+        absl::StatusOr<Floats> want =
+            RunTypedAttention(reference(), c, q, caches, tc.n_kv, tc.entropy);
+        ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+        EXPECT_TRUE(NmseBelow(*got, *want, 1e-10)) << what;
+      }
+    }
+  }
+}
+
 absl::Status BackendConformanceTest::CallOnce(Op op, WeightType type) {
   Backend& b = backend();
   const Floats x = RandomFloats(64, 71);  // 2 rows of 32
@@ -1746,6 +1865,9 @@ absl::Status BackendConformanceTest::CallOnce(Op op, WeightType type) {
       break;
     case Op::kGatedAdd:
       s = b.GatedAdd(out, xb, yb, 2, 32);
+      break;
+    case Op::kStoreKv:
+      s = b.StoreKv(KvType::kQ8_0, xb, 2, 32, out);  // 68 bytes
       break;
   }
   MOERT_RETURN_IF_ERROR(s);
@@ -1832,6 +1954,9 @@ TEST_P(BackendConformanceTest, BadArgumentsAreStatusesAndTheBackendKeepsWorking)
   refused(Op::kAddBias, "a bias of 8 for width 32", b.AddBias(yr, sr, rows, width));
   refused(Op::kStoreHalf, "halves of 32 bytes for 96 values", b.StoreHalf(xr, rows * width, sr));
   refused(Op::kGatedAdd, "a gate of 8 for 13 rows", b.GatedAdd(xr, yr, sr, 13, 4));
+  refused(Op::kStoreKv, "q8_0 rows of 48 values", b.StoreKv(KvType::kQ8_0, xr, 2, 48, yr));
+  refused(Op::kStoreKv, "a cache of 32 bytes for 3 f16 rows of 32",
+          b.StoreKv(KvType::kF16, xr, rows, width, sr));
   refused(Op::kTopK, "k above n_expert", b.TopK(xr, 1, 4, 5, true, ir, yr));
   refused(Op::kTopK, "logits of 8 for 3 x 8", b.TopK(sr, 3, 8, 1, true, ir, yr));
   refused(Op::kGatherRows, "a destination of 8 for 3 rows of 32",
@@ -1850,6 +1975,11 @@ TEST_P(BackendConformanceTest, BadArgumentsAreStatusesAndTheBackendKeepsWorking)
     refused(Op::kAttention, "caches of 8 for 6 positions", b.Attention(a, xr, 2, 4, sr, sr, yr));
     const AttentionArgs gqa{3, 2, 8, 8, 0.35f, false};
     refused(Op::kAttention, "3 heads over 2 KV heads", b.Attention(gqa, xr, 1, 0, xr, xr, yr));
+    if (b.SupportsKv(KvType::kQ8_0)) {
+      AttentionArgs q8 = a;  // one KV head of 8: q8_0 rows of 8 values
+      q8.k_type = KvType::kQ8_0;
+      refused(Op::kAttention, "q8_0 keys of 8 values a row", b.Attention(q8, xr, 2, 1, xr, xr, yr));
+    }
   }
   if (b.Supports(Op::kMatMul, WeightType::kF32)) {
     const Matrix m = MakeWeight(WeightType::kF32, 1, 8, 32, 83);

@@ -140,6 +140,11 @@ class FakeBackend final : public Backend {
     if (!Count(Op::kStoreHalf)) return Unsupported(Op::kStoreHalf);
     return cpu_.StoreHalf(Inner(x), count, Inner(y));
   }
+  absl::Status StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                       TensorRef dst) override {
+    if (!Count(Op::kStoreKv)) return Unsupported(Op::kStoreKv);
+    return cpu_.StoreKv(type, Inner(src), n_rows, width, Inner(dst));
+  }
   absl::Status GatedAdd(TensorRef out, TensorRef y, TensorRef gate, int64_t n,
                         int64_t width) override {
     if (!Count(Op::kGatedAdd)) return Unsupported(Op::kGatedAdd);

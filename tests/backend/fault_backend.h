@@ -51,6 +51,7 @@ class FaultBackend final : public Backend {
   std::string_view name() const override { return inner_->name(); }
   DeviceDescription device() const override { return inner_->device(); }
   bool Supports(Op op, WeightType type) const override { return inner_->Supports(op, type); }
+  bool SupportsKv(KvType type) const override { return inner_->SupportsKv(type); }
   bool host_memory() const override { return inner_->host_memory(); }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
@@ -153,6 +154,10 @@ class FaultBackend final : public Backend {
   }
   absl::Status StoreHalf(TensorRef x, int64_t count, TensorRef y) override {
     return inner_->StoreHalf(x, count, y);
+  }
+  absl::Status StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                       TensorRef dst) override {
+    return inner_->StoreKv(type, src, n_rows, width, dst);
   }
   absl::Status GatedAdd(TensorRef out, TensorRef y, TensorRef gate, int64_t n,
                         int64_t width) override {

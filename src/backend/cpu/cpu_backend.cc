@@ -10,6 +10,7 @@
 #include <new>
 #include <vector>
 
+#include "backend/cpu/kv_rows.h"
 #include "backend/cpu/qmatmul.h"
 #include "core/fp16.h"
 #include "core/status.h"
@@ -103,6 +104,39 @@ absl::StatusOr<T*> Optional(TensorRef ref, int64_t count, std::string_view op,
 absl::Status Positive(int64_t v, std::string_view op, std::string_view what) {
   if (v <= 0) {
     return absl::InvalidArgumentError(StrCat("CPU backend ", op, ": ", what, " must be > 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+// The bytes of a row of `width` values of `type`; InvalidArgument naming the op otherwise.
+absl::StatusOr<size_t> RowBytes(KvType type, int64_t width, std::string_view op) {
+  absl::StatusOr<size_t> bytes = KvRowBytes(type, width);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(StrCat("CPU backend ", op, ": ", bytes.status().message()));
+  }
+  return bytes;
+}
+
+// `rows` cache rows of `width` values of `type` at `ref`, checked to lie inside a
+// host-visible buffer (fp32 rows aligned as floats).
+absl::StatusOr<KvRows> CacheAt(TensorRef ref, KvType type, int64_t rows, int64_t width,
+                               std::string_view op, std::string_view arg) {
+  MOERT_ASSIGN_OR_RETURN(const size_t row_bytes, RowBytes(type, width, op));
+  if (type == KvType::kF32) {
+    MOERT_ASSIGN_OR_RETURN(const float* p, At<const float>(ref, rows * width, op, arg));
+    return F32Rows(p, width);
+  }
+  MOERT_ASSIGN_OR_RETURN(const uint8_t* p,
+                         At<const uint8_t>(ref, rows * static_cast<int64_t>(row_bytes), op, arg));
+  return KvRows{p, type, row_bytes};
+}
+
+// kv_half names the caches' type itself: it cannot be combined with another.
+absl::Status CheckKvTypes(const AttentionArgs& shape, std::string_view op) {
+  if (shape.kv_half && (shape.k_type != KvType::kF32 || shape.v_type != KvType::kF32)) {
+    return absl::InvalidArgumentError(StrCat("CPU backend ", op, ": kv_half with k_type ",
+                                             KvTypeName(shape.k_type), " and v_type ",
+                                             KvTypeName(shape.v_type)));
   }
   return absl::OkStatus();
 }
@@ -281,7 +315,7 @@ absl::Status CpuBackend::RunAttention(const AttentionArgs& shape, TensorRef q, i
                                       int64_t kv, bool causal, TensorRef out) {
   const Op op = causal ? Op::kAttention : Op::kFullAttention;
   const std::string_view name = OpName(op);
-  if (shape.kv_half) return Unsupported(op);
+  MOERT_RETURN_IF_ERROR(CheckKvTypes(shape, name));
   if (shape.n_head < 1 || shape.n_head_kv < 1 || shape.n_head % shape.n_head_kv != 0 ||
       shape.head_dim_k < 1 || shape.head_dim_v < 1 || n < 0) {
     return absl::InvalidArgumentError(StrCat("CPU backend ", name, ": ", shape.n_head,
@@ -290,10 +324,12 @@ absl::Status CpuBackend::RunAttention(const AttentionArgs& shape, TensorRef q, i
   }
   MOERT_ASSIGN_OR_RETURN(const float* qp,
                          At<const float>(q, n * shape.n_head * shape.head_dim_k, name, "q"));
-  MOERT_ASSIGN_OR_RETURN(
-      const float* kp, At<const float>(k_cache, kv * shape.n_head_kv * shape.head_dim_k, name, "k"));
-  MOERT_ASSIGN_OR_RETURN(
-      const float* vp, At<const float>(v_cache, kv * shape.n_head_kv * shape.head_dim_v, name, "v"));
+  MOERT_ASSIGN_OR_RETURN(const KvRows kp, CacheAt(k_cache, shape.key_type(), kv,
+                                                  int64_t{shape.n_head_kv} * shape.head_dim_k,
+                                                  name, "k"));
+  MOERT_ASSIGN_OR_RETURN(const KvRows vp, CacheAt(v_cache, shape.value_type(), kv,
+                                                  int64_t{shape.n_head_kv} * shape.head_dim_v,
+                                                  name, "v"));
   MOERT_ASSIGN_OR_RETURN(float* op_out,
                          At<float>(out, n * shape.n_head * shape.head_dim_v, name, "out"));
   cpu::Attention(*pool_, ShapeOf(shape, causal ? 0 : kv), qp, n, pos0, kp, vp, op_out);
@@ -303,7 +339,7 @@ absl::Status CpuBackend::RunAttention(const AttentionArgs& shape, TensorRef q, i
 absl::Status CpuBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef q, int64_t n,
                                           TensorRef k, int64_t n_kv, TensorRef entropy) {
   const std::string_view name = OpName(Op::kAttentionEntropy);
-  if (shape.kv_half) return Unsupported(Op::kAttentionEntropy);
+  MOERT_RETURN_IF_ERROR(CheckKvTypes(shape, name));
   if (shape.n_head < 1 || shape.n_head_kv < 1 || shape.n_head % shape.n_head_kv != 0 ||
       shape.head_dim_k < 1 || n < 0 || n_kv < 1) {
     return absl::InvalidArgumentError(StrCat("CPU backend ", name, ": ", shape.n_head,
@@ -312,8 +348,9 @@ absl::Status CpuBackend::AttentionEntropy(const AttentionArgs& shape, TensorRef 
   }
   MOERT_ASSIGN_OR_RETURN(const float* qp,
                          At<const float>(q, n * shape.n_head * shape.head_dim_k, name, "q"));
-  MOERT_ASSIGN_OR_RETURN(const float* kp,
-                         At<const float>(k, n_kv * shape.n_head_kv * shape.head_dim_k, name, "k"));
+  MOERT_ASSIGN_OR_RETURN(
+      const KvRows kp,
+      CacheAt(k, shape.key_type(), n_kv, int64_t{shape.n_head_kv} * shape.head_dim_k, name, "k"));
   MOERT_ASSIGN_OR_RETURN(float* ep, At<float>(entropy, n * shape.n_head, name, "entropy"));
   cpu::AttentionEntropy(*pool_, ShapeOf(shape, n_kv), qp, n, kp, ep);
   return absl::OkStatus();
@@ -492,6 +529,35 @@ absl::Status CpuBackend::GatedAdd(TensorRef out, TensorRef y, TensorRef gate, in
   for (int64_t t = 0; t < n; ++t) {
     const float g = Sigmoid(gp[t]);
     for (int64_t i = 0; i < width; ++i) op[t * width + i] += yp[t * width + i] * g;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                                 TensorRef dst) {
+  const std::string_view name = OpName(Op::kStoreKv);
+  MOERT_ASSIGN_OR_RETURN(const size_t row_bytes, RowBytes(type, width, name));
+  if (n_rows < 0) {
+    return absl::InvalidArgumentError(StrCat("CPU backend ", name, ": ", n_rows, " rows"));
+  }
+  MOERT_ASSIGN_OR_RETURN(const float* sp, At<const float>(src, n_rows * width, name, "src"));
+  MOERT_ASSIGN_OR_RETURN(uint8_t* dp,
+                         At<uint8_t>(dst, n_rows * static_cast<int64_t>(row_bytes), name, "dst"));
+  // A decode step's row or two on this thread; a prefill's rows spread over the pool.
+  constexpr int64_t kValuesPerTask = 16384;
+  const int64_t rows_per_task = std::max<int64_t>(1, kValuesPerTask / width);
+  const int64_t tasks = (n_rows + rows_per_task - 1) / rows_per_task;
+  const auto encode = [&](size_t task) {
+    const int64_t r0 = static_cast<int64_t>(task) * rows_per_task;
+    const int64_t r1 = std::min(n_rows, r0 + rows_per_task);
+    for (int64_t r = r0; r < r1; ++r) {
+      EncodeKvRow(type, sp + r * width, width, dp + static_cast<size_t>(r) * row_bytes);
+    }
+  };
+  if (tasks == 1) {
+    encode(0);
+  } else if (tasks > 1) {
+    pool_->ParallelFor(static_cast<size_t>(tasks), encode);
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "CPU"; }
   DeviceDescription device() const override;
   bool Supports(Op op, WeightType type = WeightType::kF32) const override;
+  bool SupportsKv(KvType) const override { return true; }
   bool host_memory() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
@@ -67,6 +68,8 @@ class CpuBackend final : public Backend {
   absl::Status StoreHalf(TensorRef x, int64_t count, TensorRef y) override;
   absl::Status GatedAdd(TensorRef out, TensorRef y, TensorRef gate, int64_t n,
                         int64_t width) override;
+  absl::Status StoreKv(KvType type, TensorRef src, int64_t n_rows, int64_t width,
+                       TensorRef dst) override;
 
  private:
   // Attention and FullAttention: kv keys, causal or not.

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <utility>
 
+#include "backend/cpu/kv_rows.h"
 #include "backend/cpu/qmatmul.h"
 #include "core/fp16.h"
 
@@ -289,13 +290,54 @@ void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int
   }
 }
 
+namespace {
+
+// One KV head's slices of a cache's rows as floats: an fp32 cache's in place, a typed
+// one's widened into the task's buffer (`slot` of up to 4 slices, so DotBlock reads
+// four keys at once).
+class HeadSlices {
+ public:
+  // The slices of `dim` values starting `offset` values into each row; `buffer` holds
+  // 4 * dim floats where the cache is typed.
+  HeadSlices(const KvRows& rows, int64_t offset, int64_t dim, float* buffer)
+      : rows_(rows), offset_(offset), dim_(dim), buffer_(buffer) {}
+  // Whether Get needs a buffer, and how many floats of it.
+  static size_t BufferFloats(const KvRows& rows, int64_t dim, int slots) {
+    return rows.type == KvType::kF32 ? 0 : static_cast<size_t>(dim * slots);
+  }
+  const float* Get(int64_t j, int slot) const {
+    const uint8_t* row = rows_.data + static_cast<size_t>(j) * rows_.row_bytes;
+    if (rows_.type == KvType::kF32) return reinterpret_cast<const float*>(row) + offset_;
+    float* out = buffer_ + slot * dim_;
+    DecodeKvValues(rows_.type, row, offset_, dim_, out);
+    return out;
+  }
+
+ private:
+  KvRows rows_;
+  int64_t offset_, dim_;
+  float* buffer_;
+};
+
+}  // namespace
+
+KvRows F32Rows(const float* rows, int64_t width) {
+  return {reinterpret_cast<const uint8_t*>(rows), KvType::kF32, static_cast<size_t>(width) * 4};
+}
+
 void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                int64_t pos0, const float* k_cache, const float* v_cache, float* out) {
+  Attention(pool, shape, q, n, pos0, F32Rows(k_cache, int64_t{shape.n_head_kv} * shape.head_dim_k),
+            F32Rows(v_cache, int64_t{shape.n_head_kv} * shape.head_dim_v), out);
+}
+
+void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+               int64_t pos0, const KvRows& k_cache, const KvRows& v_cache, float* out) {
   const int64_t dk = shape.head_dim_k;
   const int64_t dv = shape.head_dim_v;
-  const int64_t k_row = int64_t{shape.n_head_kv} * dk;
-  const int64_t v_row = int64_t{shape.n_head_kv} * dv;
   const int group = shape.n_head / shape.n_head_kv;
+  const size_t k_floats = HeadSlices::BufferFloats(k_cache, dk, 4);
+  const size_t v_floats = HeadSlices::BufferFloats(v_cache, dv, 1);
   pool.ParallelFor(static_cast<size_t>(n * shape.n_head), [&](size_t task) {
     const int64_t t = static_cast<int64_t>(task) / shape.n_head;
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
@@ -304,18 +346,20 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     const int64_t n_kv = shape.n_kv > 0 ? shape.n_kv : pos0 + t + 1;
     const float* qh = q + (t * shape.n_head + h) * dk;
     std::vector<float> p(static_cast<size_t>(n_kv));
-    // Scores against keys k_row apart, four at a time like a matmul's rows.
-    const float* keys = k_cache + g * dk;
+    std::vector<float> widened(k_floats + v_floats);
+    const HeadSlices keys(k_cache, g * dk, dk, widened.data());
+    const HeadSlices values(v_cache, g * dv, dv, widened.data() + k_floats);
+    // Scores against the keys four at a time, like a matmul's rows.
     const float* xs[1] = {qh};
     int64_t j = 0;
     float s4[4];
     for (; j + 4 <= n_kv; j += 4) {
-      const float* ws[4] = {keys + j * k_row, keys + (j + 1) * k_row, keys + (j + 2) * k_row,
-                            keys + (j + 3) * k_row};
+      const float* ws[4] = {keys.Get(j, 0), keys.Get(j + 1, 1), keys.Get(j + 2, 2),
+                            keys.Get(j + 3, 3)};
       DotBlock<4, 1>(ws, xs, dk, s4);
       for (int i = 0; i < 4; ++i) p[j + i] = s4[i] * shape.scale;
     }
-    for (; j < n_kv; ++j) p[j] = Dot(keys + j * k_row, qh, dk) * shape.scale;
+    for (; j < n_kv; ++j) p[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
     float max = p[0];
     for (int64_t i = 1; i < n_kv; ++i) max = std::max(max, p[i]);
     double sum = 0;
@@ -328,7 +372,7 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     std::fill(o, o + dv, 0.0f);
     for (int64_t i = 0; i < n_kv; ++i) {
       const float w = p[i] * inv;
-      const float* vr = v_cache + i * v_row + g * dv;
+      const float* vr = values.Get(i, 0);
       for (int64_t d = 0; d < dv; ++d) o[d] += w * vr[d];
     }
   });
@@ -336,19 +380,26 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
 
 void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                       const float* k, float* entropy) {
+  AttentionEntropy(pool, shape, q, n, F32Rows(k, int64_t{shape.n_head_kv} * shape.head_dim_k),
+                   entropy);
+}
+
+void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+                      const KvRows& k, float* entropy) {
   const int64_t dk = shape.head_dim_k;
-  const int64_t k_row = int64_t{shape.n_head_kv} * dk;
   const int group = shape.n_head / shape.n_head_kv;
   const int64_t n_kv = shape.n_kv;
+  const size_t k_floats = HeadSlices::BufferFloats(k, dk, 1);
   pool.ParallelFor(static_cast<size_t>(n * shape.n_head), [&](size_t task) {
     const int64_t t = static_cast<int64_t>(task) / shape.n_head;
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
     const float* qh = q + (t * shape.n_head + h) * dk;
-    const float* keys = k + (h / group) * dk;
+    std::vector<float> widened(k_floats);
+    const HeadSlices keys(k, (h / group) * dk, dk, widened.data());
     std::vector<float> s(static_cast<size_t>(n_kv));
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n_kv; ++j) {
-      s[j] = Dot(keys + j * k_row, qh, dk) * shape.scale;
+      s[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
       max = std::max(max, s[j]);
     }
     // H = ln Z - sum_j p_j (s_j - max), Z = sum_j exp(s_j - max).

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/kv_type.h"
 #include "backend/matrix.h"
 #include "core/thread_pool.h"
 #include "format/arch.h"
@@ -105,18 +106,35 @@ struct AttentionShape {
   int64_t n_kv = 0;
 };
 
+// A KV cache as the attention kernels read it: rows of `type` (backend/kv_type.h),
+// row_bytes apart (KvRowBytes of the row's width). fp32 rows are read in place; the
+// others' values are widened to floats (backend/cpu/kv_rows.h) into a task's own
+// buffer as it reads them, and the float arithmetic after that is the fp32 path's, so
+// attention over a typed cache is attention over its widened fp32 copy, bit for bit.
+struct KvRows {
+  const uint8_t* data = nullptr;
+  KvType type = KvType::kF32;
+  size_t row_bytes = 0;
+};
+// fp32 rows of `width` floats.
+KvRows F32Rows(const float* rows, int64_t width);
+
 // Causal grouped-query attention for the n queries at positions pos0 .. pos0 + n - 1
 // (q: [n][n_head * head_dim_k]) over cached keys/values at positions 0 .. pos0 + n - 1
 // (k: rows of n_head_kv * head_dim_k, v: rows of n_head_kv * head_dim_v). Query head h
 // reads KV head h / (n_head / n_head_kv). out: [n][n_head * head_dim_v].
 void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                int64_t pos0, const float* k_cache, const float* v_cache, float* out);
+void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+               int64_t pos0, const KvRows& k_cache, const KvRows& v_cache, float* out);
 
 // The entropy in nats of each query's unmasked attention over shape.n_kv keys, per
 // head: entropy[t * n_head + h] = -sum_j p_j ln p_j with p = softmax_j(scale q_th . k_j)
 // (the distribution Attention weighs the values with). Visual-token pruning reads it.
 void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                       const float* k, float* entropy);
+void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
+                      const KvRows& k, float* entropy);
 
 // silu(x) = x / (1 + exp(-x)); sigmoid(x) = 1 / (1 + exp(-x)).
 float Silu(float x);

@@ -87,6 +87,7 @@ class OpenClBackend final : public Backend {
         return type == WeightType::kW4 || type == WeightType::kW8;
       case Op::kAttentionEntropy:
       case Op::kGatedAdd:
+      case Op::kStoreKv:
         return false;  // no kernels yet: the CPU runs them
       default:
         return true;
@@ -149,6 +150,7 @@ class OpenClBackend final : public Backend {
   }
   absl::Status Attention(const backend::AttentionArgs& shape, TensorRef q, int64_t n, int64_t pos0,
                          TensorRef k_cache, TensorRef v_cache, TensorRef out) override {
+    MOERT_RETURN_IF_ERROR(F32Caches(shape, Op::kAttention));
     const opencl::AttentionArgs args = ClArgs(shape);
     MOERT_ASSIGN_OR_RETURN(BufferRef qr, Ref(q, "attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef kr, Ref(k_cache, "attention"));
@@ -159,6 +161,7 @@ class OpenClBackend final : public Backend {
   absl::Status FullAttention(const backend::AttentionArgs& shape, TensorRef q, int64_t n,
                              TensorRef k, TensorRef v, int64_t n_kv, TensorRef out) override {
     if (shape.kv_half) return Unsupported(Op::kFullAttention);
+    MOERT_RETURN_IF_ERROR(F32Caches(shape, Op::kFullAttention));
     const opencl::AttentionArgs args = ClArgs(shape);
     MOERT_ASSIGN_OR_RETURN(BufferRef qr, Ref(q, "full_attention"));
     MOERT_ASSIGN_OR_RETURN(BufferRef kr, Ref(k, "full_attention"));
@@ -227,6 +230,9 @@ class OpenClBackend final : public Backend {
     MOERT_ASSIGN_OR_RETURN(BufferRef yr, Ref(y, "store_half"));
     return opencl::ToHalf(*device_, xr, count, yr);
   }
+  absl::Status StoreKv(KvType, TensorRef, int64_t, int64_t, TensorRef) override {
+    return Unsupported(Op::kStoreKv);
+  }
 
  private:
   absl::StatusOr<ClBuffer*> Own(backend::Buffer* b, std::string_view op) {
@@ -235,6 +241,14 @@ class OpenClBackend final : public Backend {
           StrCat("OpenCL backend ", op, ": a buffer of another backend (or none)"));
     }
     return static_cast<ClBuffer*>(b);
+  }
+  // The kernels read fp32 caches, or halves through kv_half (StoreHalf's rows); other
+  // KV cache types (SupportsKv says no) are Unimplemented naming them.
+  absl::Status F32Caches(const backend::AttentionArgs& shape, Op op) const {
+    if (shape.k_type == KvType::kF32 && shape.v_type == KvType::kF32) return absl::OkStatus();
+    return absl::UnimplementedError(StrCat("the OpenCL backend has no ", OpName(op), " over ",
+                                           KvTypeName(shape.k_type), " keys and ",
+                                           KvTypeName(shape.v_type), " values"));
   }
   static opencl::AttentionArgs ClArgs(const backend::AttentionArgs& shape) {
     opencl::AttentionArgs args;
