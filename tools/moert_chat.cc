@@ -25,6 +25,7 @@
 #include <system_error>
 #include <vector>
 
+#include "backend/kv_type.h"
 #include "cli_escapes.h"
 #include "moert/runtime.h"
 #include "moert/version.h"
@@ -57,7 +58,10 @@ constexpr char kUsage[] =
     "  --repeat-penalty F       penalty for repeated tokens (default 1.0: off)\n"
     "  -s, --seed N             RNG seed (default -1: random)\n"
     "  -t, --threads N          compute threads (default 0: one per CPU)\n"
-    "  -c, --ctx-size N         context length (default 0: the model's)\n"
+    "  -c, --ctx-size N         context length (default 0: what fits; the model's\n"
+    "                           without a budget)\n"
+    "  -ctk, --cache-type-k T   KV cache type for K: f32 (default), f16, q8_0\n"
+    "  -ctv, --cache-type-v T   KV cache type for V: f32 (default), f16, q8_0\n"
     "  --memory-budget-mb N     everything the model may hold, in MiB: the routed\n"
     "                           experts are then loaded on demand into an expert pool\n"
     "                           of what the other weights, KV cache and scratch leave\n"
@@ -139,6 +143,8 @@ struct Args {
   int64_t image_min_keep = 1;
   float modality_lambda = 1.0f;
   std::string modality_bias;
+  std::string cache_type_k = "f32";
+  std::string cache_type_v = "f32";
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -277,6 +283,15 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "--modality-bias") {
       if (!value(&v)) return need("a FILE");
       args->modality_bias = std::string(v);
+    } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
+               arg == "--cache-type-v") {
+      if (!value(&v)) return need("a TYPE");
+      if (!moert::backend::ParseKvType(v).ok()) {
+        error = bad("f32, f16 or q8_0");
+      } else {
+        (arg == "-ctk" || arg == "--cache-type-k" ? args->cache_type_k : args->cache_type_v) =
+            std::string(v);
+      }
     } else {
       return "unknown argument '" + std::string(arg) + "' (see --help)";
     }
@@ -460,6 +475,8 @@ int main(int argc, char** argv) {
   options.backend = args.backend;
   options.modality_lambda = args.modality_lambda;
   options.modality_bias_path = args.modality_bias;
+  options.cache_type_k = args.cache_type_k;
+  options.cache_type_v = args.cache_type_v;
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());

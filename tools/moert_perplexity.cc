@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/kv_type.h"
 #include "experts/io_mode.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -34,6 +35,8 @@ constexpr char kUsage[] =
     "  -c, --ctx-size CTX      tokens per chunk\n"
     "  -b, --batch-size BATCH  tokens per forward pass (default: CTX)\n"
     "  -t, --threads N         compute threads (default: 1; 0: one per core)\n"
+    "  -ctk, --cache-type-k T  KV cache type for K: f32 (default), f16, q8_0\n"
+    "  -ctv, --cache-type-v T  KV cache type for V: f32 (default), f16, q8_0\n"
     "  --chunks N              score only the first N chunks\n"
     "  --memory-budget-mb N    everything the model may hold, in MiB: the routed\n"
     "                          experts are then loaded on demand into an expert pool\n"
@@ -83,6 +86,8 @@ int main(int argc, char** argv) {
   double expert_pool_fraction = 0;
   moert::experts::IoMode io = moert::experts::IoMode::kDirect;
   moert::router::RouterOptions router;
+  moert::backend::KvType kv_type_k = moert::backend::KvType::kF32;
+  moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
   float thermal_limit = 0;
   bool prefetch = false;
   int prefetch_depth = 1;
@@ -174,6 +179,13 @@ int main(int argc, char** argv) {
       prefetch = std::string_view(v) == "on";
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
+    } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
+               arg == "--cache-type-v") {
+      const char* v = value("a TYPE");
+      if (v == nullptr) return 1;
+      auto parsed = moert::backend::ParseKvType(v);
+      if (!parsed.ok()) return Fail(std::string(arg) + ": " + std::string(parsed.status().message()));
+      (arg == "-ctk" || arg == "--cache-type-k" ? kv_type_k : kv_type_v) = *parsed;
     } else if (arg == "--backend") {
       const char* v = value("cpu, opencl or auto");
       if (v == nullptr) return 1;
@@ -212,6 +224,8 @@ int main(int argc, char** argv) {
   load_options.expert_pool_fraction = expert_pool_fraction;
   load_options.io_mode = io;
   load_options.kv_cache_positions = n_ctx;
+  load_options.kv_type_k = kv_type_k;
+  load_options.kv_type_v = kv_type_v;
   load_options.router = router;
   load_options.resource_monitor.thermal_limit_c = thermal_limit;
   load_options.prefetch = prefetch;

@@ -122,6 +122,12 @@ struct RuntimeOptions {
   // experts of one token in every layer); the pool grows back as sessions end.
   bool shrink_pool_for_sessions = false;
   int64_t expert_pool_floor_bytes = 0;
+  // The KV cache's key and value types, llama.cpp's --cache-type-k / --cache-type-v:
+  // "f32" (default, the reference), "f16" (half the memory) or "q8_0" (a bit over a
+  // quarter; docs/memory.md gives its perplexity cost). Not f32: the model runs on the
+  // CPU backend. InvalidArgument naming the choices otherwise.
+  std::string cache_type_k = "f32";
+  std::string cache_type_v = "f32";
   // With an expert pool: the most used experts are written beside the model
   // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
   // SaveHotSet, and loaded first at the next start.

@@ -113,6 +113,8 @@ pipeline::PooledPlacement PlacementOf(PooledExperts placement) {
 absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   GraphOptions cpu_options;
   cpu_options.ffn_input_observer = &ffn_input_observer_;
+  cpu_options.k_type = kv_types_.k;
+  cpu_options.v_type = kv_types_.v;
   cpu_graph_ = std::make_unique<LayerGraph>(*cpu_, Weights(), &moe_services_, nullptr, cpu_options);
   MOERT_RETURN_IF_ERROR(cpu_graph_->Init());
   if (options.backend == Backend::kCpu) return absl::OkStatus();
@@ -121,6 +123,10 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   std::string cpu_only;
   if (options.ffn_input_observer || options.route_observer) {
     cpu_only = "FFN input and routing observers run on the CPU only";
+  } else if (options.kv_type_k != backend::KvType::kF32 ||
+             options.kv_type_v != backend::KvType::kF32) {
+    cpu_only = StrCat("a KV cache of ", backend::KvTypeName(options.kv_type_k), " keys and ",
+                      backend::KvTypeName(options.kv_type_v), " values runs on the CPU only");
   } else if (expert_cache_ == nullptr &&
              (options.router.dynamic_k_p != 0 ||
               (options.router.modality_lambda != 0 && router_ != nullptr &&
@@ -208,6 +214,10 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     pool_.set_kernels(config);
   }
   ffn_input_observer_ = options.ffn_input_observer;
+  kv_types_ = {options.kv_type_k, options.kv_type_v};
+  // A row width the type cannot hold is named now, not at the first cache.
+  MOERT_RETURN_IF_ERROR(backend::KvRowBytes(kv_types_.k, KeyWidth(spec_)).status());
+  MOERT_RETURN_IF_ERROR(backend::KvRowBytes(kv_types_.v, ValueWidth(spec_)).status());
   if (options.memory_budget_bytes > 0 || options.expert_pool_bytes > 0 ||
       options.expert_pool_fraction != 0) {
     MOERT_RETURN_IF_ERROR(SetUpExpertPool(file, options));
@@ -379,7 +389,7 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   // The context the budget sets aside a KV cache for: given, else what fits (at most the
   // training context; with a budget, at most half of what the weights and scratch leave
   // when the pool takes the rest, and never the pool's floor).
-  const uint64_t per_position = KvCacheBytes(spec_, 1);
+  const uint64_t per_position = KvCacheBytes(spec_, 1, kv_types_);
   uint64_t positions = static_cast<uint64_t>(std::max(options.kv_cache_positions, 0));
   if (positions == 0) {
     positions = std::max<uint64_t>(spec_.n_ctx_train, 1);
@@ -401,7 +411,7 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
     }
   }
   memory_.kv_cache_positions = static_cast<int>(positions);
-  memory_.kv_cache_bytes = KvCacheBytes(spec_, positions);
+  memory_.kv_cache_bytes = KvCacheBytes(spec_, positions, kv_types_);
   const uint64_t fixed = base + memory_.kv_cache_bytes;
   const std::string fixed_text =
       StrCat("the persistent weights (", memory_.persistent_bytes, " bytes), the KV cache (",
@@ -506,7 +516,7 @@ absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {
 
 absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(int n_ctx) const {
   MOERT_ASSIGN_OR_RETURN(std::unique_ptr<DecoderKvCache> cache,
-                         DecoderKvCache::Create(*cpu_, spec_, n_ctx, budget_));
+                         DecoderKvCache::Create(*cpu_, spec_, kv_types_, n_ctx, budget_));
   return std::unique_ptr<KvCache>(std::move(cache));
 }
 
@@ -516,7 +526,7 @@ absl::Status DecoderModel::Forward(const ForwardInput& input, KvCache* cache, Lo
     return absl::InvalidArgumentError("Forward needs a KV cache and a logits vector");
   }
   auto* kv = dynamic_cast<DecoderKvCache*>(cache);
-  if (kv == nullptr || !kv->Fits(spec_)) {
+  if (kv == nullptr || !kv->Fits(spec_, kv_types_)) {
     return absl::InvalidArgumentError("the KV cache was not made by this model");
   }
   const std::span<const int32_t> tokens = input.tokens;

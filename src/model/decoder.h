@@ -24,6 +24,7 @@
 #include "backend/cpu_fallback.h"
 #include "backend/failure_policy.h"
 #include "model/graph.h"
+#include "model/kv_cache.h"
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -104,6 +105,7 @@ class DecoderModel final : public Model {
   std::unique_ptr<experts::ExpertCache> expert_cache_;
   // The ledger every KV cache reserves in (shared: a cache may outlive the model).
   std::shared_ptr<memory::MemoryBudget> budget_;
+  KvTypes kv_types_;  // ModelLoadOptions::kv_type_k / kv_type_v
   std::string hot_set_path_;  // empty: no hot set
   // MoE models: the router and what it knows of the device (null: reference routing).
   std::unique_ptr<router::ResourceMonitor> monitor_;

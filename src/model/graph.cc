@@ -121,15 +121,14 @@ void LayerGraph::Invalidate(uint64_t kv_id, int64_t from) {
 
 TensorRef LayerGraph::Keys(int il, int64_t pos) const {
   if (device_kv_ != nullptr) return device_kv_->keys(il, pos);
-  const int64_t width = KeyWidth(*w_.spec);
-  return TensorRef(kv_->keys, static_cast<size_t>((int64_t{il} * kv_->host.capacity + pos) * width) * 4);
+  const size_t row = KvRowSize(options_.k_type, KeyWidth(*w_.spec));
+  return TensorRef(kv_->keys, static_cast<size_t>(int64_t{il} * kv_->host.capacity + pos) * row);
 }
 
 TensorRef LayerGraph::Values(int il, int64_t pos) const {
   if (device_kv_ != nullptr) return device_kv_->values(il, pos);
-  const int64_t width = ValueWidth(*w_.spec);
-  return TensorRef(kv_->values,
-                   static_cast<size_t>((int64_t{il} * kv_->host.capacity + pos) * width) * 4);
+  const size_t row = KvRowSize(options_.v_type, ValueWidth(*w_.spec));
+  return TensorRef(kv_->values, static_cast<size_t>(int64_t{il} * kv_->host.capacity + pos) * row);
 }
 
 absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const SequenceKv& kv,
@@ -210,12 +209,14 @@ absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef
   const int64_t q_width = int64_t{n_head} * dk;
   const int64_t kw = KeyWidth(spec), vw = ValueWidth(spec);
   const bool half = device_kv_ != nullptr && device_kv_->half();
+  const bool typed = device_kv_ == nullptr && (options_.k_type != backend::KvType::kF32 ||
+                                               options_.v_type != backend::KvType::kF32);
   MOERT_ASSIGN_OR_RETURN(TensorRef q, Scratch(kQ, static_cast<size_t>(n * q_width) * 4));
-  // The new rows' place in the cache: k and v are projected there (a half cache: into
-  // scratch, then rounded into it once RoPE'd).
+  // The new rows' place in the cache: k and v are projected there (a half or typed
+  // cache: into scratch, then converted into it once RoPE'd).
   const TensorRef k_rows = Keys(il, pos0), v_rows = Values(il, pos0);
   TensorRef k = k_rows, v = v_rows;
-  if (half) {
+  if (half || typed) {
     MOERT_ASSIGN_OR_RETURN(k, Scratch(kNewK, static_cast<size_t>(n * kw) * 4));
     MOERT_ASSIGN_OR_RETURN(v, Scratch(kNewV, static_cast<size_t>(n * vw) * 4));
   }
@@ -245,6 +246,9 @@ absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef
   if (half) {
     MOERT_RETURN_IF_ERROR(b_.StoreHalf(k, n * kw, k_rows));
     MOERT_RETURN_IF_ERROR(b_.StoreHalf(v, n * vw, v_rows));
+  } else if (typed) {
+    MOERT_RETURN_IF_ERROR(b_.StoreKv(options_.k_type, k, n, kw, k_rows));
+    MOERT_RETURN_IF_ERROR(b_.StoreKv(options_.v_type, v, n, vw, v_rows));
   }
   backend::AttentionArgs shape;
   shape.n_head = n_head;
@@ -253,6 +257,10 @@ absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef
   shape.head_dim_v = static_cast<int>(spec.head_dim_v);
   shape.scale = 1.0f / std::sqrt(static_cast<float>(dk));
   shape.kv_half = half;
+  if (typed) {
+    shape.k_type = options_.k_type;
+    shape.v_type = options_.v_type;
+  }
   MOERT_ASSIGN_OR_RETURN(TensorRef attn,
                          Scratch(kAttn, static_cast<size_t>(n * n_head * shape.head_dim_v) * 4));
   MOERT_RETURN_IF_ERROR(

@@ -77,6 +77,9 @@ struct BatchInput {
 struct GraphOptions {
   pipeline::PooledPlacement placement = pipeline::PooledPlacement::kDevice;
   bool kv_half = false;  // a device backend's KV cache in IEEE half
+  // The host cache's element types (model/kv_cache.h); not f32: the CPU only.
+  backend::KvType k_type = backend::KvType::kF32;
+  backend::KvType v_type = backend::KvType::kF32;
   // Called with each layer's FFN input on a backend that shares the host's memory
   // (ModelLoadOptions::ffn_input_observer); null or empty: none.
   const std::function<void(int layer, int64_t n_tokens, const float* x)>* ffn_input_observer =

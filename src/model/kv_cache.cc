@@ -34,28 +34,43 @@ int64_t ValueWidth(const format::ModelSpec& spec) {
   return int64_t{spec.n_head_kv} * spec.head_dim_v;
 }
 
-uint64_t KvCacheBytes(const format::ModelSpec& spec, uint64_t positions) {
-  return positions * spec.n_layer * uint64_t(KeyWidth(spec) + ValueWidth(spec)) * sizeof(float);
+size_t KvRowSize(backend::KvType type, int64_t width) {
+  const size_t w = static_cast<size_t>(width);
+  switch (type) {
+    case backend::KvType::kF16:
+      return 2 * w;
+    case backend::KvType::kQ8_0:
+      return w / backend::kQ8_0BlockValues * backend::kQ8_0BlockBytes;
+    case backend::KvType::kF32:
+      break;
+  }
+  return 4 * w;
 }
 
-DecoderKvCache::DecoderKvCache(const format::ModelSpec& spec, int capacity, uint64_t bytes,
-                               std::shared_ptr<memory::MemoryBudget> budget)
+uint64_t KvCacheBytes(const format::ModelSpec& spec, uint64_t positions, KvTypes types) {
+  return positions * spec.n_layer *
+         uint64_t(KvRowSize(types.k, KeyWidth(spec)) + KvRowSize(types.v, ValueWidth(spec)));
+}
+
+DecoderKvCache::DecoderKvCache(const format::ModelSpec& spec, KvTypes types, int capacity,
+                               uint64_t bytes, std::shared_ptr<memory::MemoryBudget> budget)
     : id_(NextId()),
       capacity_(capacity),
       n_layer_(static_cast<int>(spec.n_layer)),
       k_width_(KeyWidth(spec)),
       v_width_(ValueWidth(spec)),
+      types_(types),
       bytes_(bytes),
       budget_(std::move(budget)) {}
 
 absl::StatusOr<std::unique_ptr<DecoderKvCache>> DecoderKvCache::Create(
-    backend::Backend& cpu, const format::ModelSpec& spec, int capacity,
+    backend::Backend& cpu, const format::ModelSpec& spec, KvTypes types, int capacity,
     std::shared_ptr<memory::MemoryBudget> budget) {
   if (capacity < 1 || capacity > kMaxCacheContext) {
     return absl::InvalidArgumentError(
         StrCat("KV cache size ", capacity, " is outside [1, ", kMaxCacheContext, "]"));
   }
-  const uint64_t bytes = KvCacheBytes(spec, static_cast<uint64_t>(capacity));
+  const uint64_t bytes = KvCacheBytes(spec, static_cast<uint64_t>(capacity), types);
   if (bytes > kMaxCacheBytes) {
     return absl::InvalidArgumentError(StrCat("a KV cache of ", capacity, " positions needs ", bytes,
                                              " bytes, above the cap of ", kMaxCacheBytes));
@@ -65,8 +80,9 @@ absl::StatusOr<std::unique_ptr<DecoderKvCache>> DecoderKvCache::Create(
         budget->ReserveKv(bytes, StrCat("a KV cache of ", capacity, " positions")));
   }
   // From here the destructor gives the reservation back.
-  std::unique_ptr<DecoderKvCache> cache(new DecoderKvCache(spec, capacity, bytes, budget));
-  const uint64_t k_bytes = uint64_t(capacity) * spec.n_layer * uint64_t(cache->k_width_) * 4;
+  std::unique_ptr<DecoderKvCache> cache(new DecoderKvCache(spec, types, capacity, bytes, budget));
+  const uint64_t k_bytes =
+      uint64_t(capacity) * spec.n_layer * KvRowSize(types.k, cache->k_width_);
   const uint64_t v_bytes = bytes - k_bytes;
   cache->map_bytes_ = static_cast<size_t>(std::max<uint64_t>(bytes, 1));
   void* map = mmap(nullptr, cache->map_bytes_, PROT_READ | PROT_WRITE,
@@ -79,10 +95,12 @@ absl::StatusOr<std::unique_ptr<DecoderKvCache>> DecoderKvCache::Create(
                                                std::strerror(err)));
   }
   cache->map_ = static_cast<uint8_t*>(map);
+  MOERT_ASSIGN_OR_RETURN(cache->k_buffer_, cpu.WrapHost(cache->map_, static_cast<size_t>(k_bytes)));
+  MOERT_ASSIGN_OR_RETURN(cache->v_buffer_,
+                         cpu.WrapHost(cache->map_ + k_bytes, static_cast<size_t>(v_bytes)));
+  if (types.k != backend::KvType::kF32 || types.v != backend::KvType::kF32) return cache;
   float* keys = reinterpret_cast<float*>(cache->map_);
   float* values = reinterpret_cast<float*>(cache->map_ + k_bytes);
-  MOERT_ASSIGN_OR_RETURN(cache->k_buffer_, cpu.WrapHost(keys, static_cast<size_t>(k_bytes)));
-  MOERT_ASSIGN_OR_RETURN(cache->v_buffer_, cpu.WrapHost(values, static_cast<size_t>(v_bytes)));
   for (int l = 0; l < cache->n_layer_; ++l) {
     cache->key_rows_.push_back(keys + int64_t{l} * capacity * cache->k_width_);
     cache->value_rows_.push_back(values + int64_t{l} * capacity * cache->v_width_);
@@ -106,9 +124,9 @@ void DecoderKvCache::Release() {
   if (map_ != nullptr) madvise(map_, map_bytes_, MADV_DONTNEED);
 }
 
-bool DecoderKvCache::Fits(const format::ModelSpec& spec) const {
+bool DecoderKvCache::Fits(const format::ModelSpec& spec, KvTypes types) const {
   return n_layer_ == static_cast<int>(spec.n_layer) && k_width_ == KeyWidth(spec) &&
-         v_width_ == ValueWidth(spec);
+         v_width_ == ValueWidth(spec) && types_.k == types.k && types_.v == types.v;
 }
 
 SequenceKv DecoderKvCache::Sequence() const {

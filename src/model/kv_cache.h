@@ -21,18 +21,27 @@ namespace moert::model {
 
 int64_t KeyWidth(const format::ModelSpec& spec);
 int64_t ValueWidth(const format::ModelSpec& spec);
-// The bytes of a cache of `positions` positions.
-uint64_t KvCacheBytes(const format::ModelSpec& spec, uint64_t positions);
 
-// Layer-major fp32 rows: layer l's keys are [capacity][n_head_kv * head_dim_k], held as
-// CPU buffers the layer graph addresses.
+// The element types of a cache's keys and values (backend/kv_type.h).
+struct KvTypes {
+  backend::KvType k = backend::KvType::kF32;
+  backend::KvType v = backend::KvType::kF32;
+};
+// The bytes of one row of `width` values of `type` (a width backend::KvRowBytes took).
+size_t KvRowSize(backend::KvType type, int64_t width);
+// The bytes of a cache of `positions` positions.
+uint64_t KvCacheBytes(const format::ModelSpec& spec, uint64_t positions, KvTypes types = {});
+
+// Layer-major rows of the cache's types: layer l's keys are [capacity] rows of
+// n_head_kv * head_dim_k values, held as CPU buffers the layer graph addresses. The
+// host spans of SequenceKv (float rows for a device's copy) are set for f32 caches only.
 class DecoderKvCache final : public KvCache {
  public:
   // A cache of `capacity` positions reserved in `budget` (may be null: not counted).
   // InvalidArgument for a capacity outside [1, 2^22] or above 64 GiB; ResourceExhausted
   // when the budget cannot hold it (naming the numbers) or the memory cannot be mapped.
   static absl::StatusOr<std::unique_ptr<DecoderKvCache>> Create(
-      backend::Backend& cpu, const format::ModelSpec& spec, int capacity,
+      backend::Backend& cpu, const format::ModelSpec& spec, KvTypes types, int capacity,
       std::shared_ptr<memory::MemoryBudget> budget);
   ~DecoderKvCache() override;
   DecoderKvCache(const DecoderKvCache&) = delete;
@@ -44,14 +53,14 @@ class DecoderKvCache final : public KvCache {
   void Release() override;
   uint64_t bytes() const override { return bytes_; }
 
-  bool Fits(const format::ModelSpec& spec) const;
+  bool Fits(const format::ModelSpec& spec, KvTypes types) const;
   void set_size(int n) { size_ = n; }
   // Distinct per cache object (a device's copy names its cache).
   uint64_t id() const { return id_; }
   SequenceKv Sequence() const;
 
  private:
-  DecoderKvCache(const format::ModelSpec& spec, int capacity, uint64_t bytes,
+  DecoderKvCache(const format::ModelSpec& spec, KvTypes types, int capacity, uint64_t bytes,
                  std::shared_ptr<memory::MemoryBudget> budget);
 
   uint64_t id_;
@@ -59,6 +68,7 @@ class DecoderKvCache final : public KvCache {
   int n_layer_;
   int64_t k_width_;
   int64_t v_width_;
+  KvTypes types_;
   int size_ = 0;
   uint64_t bytes_ = 0;  // reserved in the budget
   std::shared_ptr<memory::MemoryBudget> budget_;

@@ -132,6 +132,13 @@ struct ModelLoadOptions {
   // experts in every MoE layer, n_layer * k blocks), and the pool grows back as caches
   // go.
   bool shrink_pool_for_kv = false;
+  // The KV cache's key and value types (llama.cpp's --cache-type-k / --cache-type-v):
+  // f32 (the reference), f16 (half the memory), q8_0 (ggml's blocks of 32 int8 with a
+  // half scale: 34 bytes per 32 values; the rows' widths must be multiples of 32,
+  // InvalidArgument otherwise). Not f32: the forward pass stays on the CPU backend
+  // (kAuto says why; kOpenCl is Unimplemented).
+  backend::KvType kv_type_k = backend::KvType::kF32;
+  backend::KvType kv_type_v = backend::KvType::kF32;
   uint64_t expert_pool_floor_bytes = 0;
   // The hot set (experts/hot_set.h): with a pool, read at load (its experts are loaded
   // first, up to the pool's size) and written by Model::SaveHotSet. `hot_set_path`

@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "backend/kv_type.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "experts/io_mode.h"
@@ -131,6 +132,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.router.modality_lambda = options.modality_lambda;
   load_options.modality_bias_path = options.modality_bias_path;
   load_options.shrink_pool_for_kv = options.shrink_pool_for_sessions;
+  // Checked by CheckOptions.
+  load_options.kv_type_k = backend::ParseKvType(options.cache_type_k).value_or(backend::KvType::kF32);
+  load_options.kv_type_v = backend::ParseKvType(options.cache_type_v).value_or(backend::KvType::kF32);
   load_options.expert_pool_floor_bytes = static_cast<uint64_t>(options.expert_pool_floor_bytes);
   load_options.prefetch = options.prefetch;
   load_options.prefetch_depth = options.prefetch_depth;
@@ -211,6 +215,10 @@ void Trim(LoadedModel& model, int level) {
   if (memory::MemoryBudget* budget = model.model->budget(); budget != nullptr) {
     budget->Trim(pool_fraction);
   }
+  // The router reads the level as device memory pressure (docs/routing.md).
+  if (router::ResourceMonitor* monitor = model.model->resource_monitor(); monitor != nullptr) {
+    monitor->SetTrimLevel(router::TrimLevelFromAndroid(level));
+  }
   {
     // Between steps: now; during one, the next step keeps to the new limit.
     std::unique_lock<std::mutex> lock(model.forward_mutex, std::try_to_lock);
@@ -263,6 +271,13 @@ Status CheckOptions(RuntimeOptions* options) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("memory_budget_bytes and expert_pool_bytes must be >= 0 (0: unset), got ",
                          options->memory_budget_bytes, " and ", options->expert_pool_bytes));
+  }
+  for (const std::string* type : {&options->cache_type_k, &options->cache_type_v}) {
+    if (absl::StatusOr<backend::KvType> parsed = backend::ParseKvType(*type); !parsed.ok()) {
+      return Status(StatusCode::kInvalidArgument,
+                    StrCat(type == &options->cache_type_k ? "cache_type_k" : "cache_type_v", ": ",
+                           parsed.status().message()));
+    }
   }
   if (options->expert_pool_floor_bytes < 0) {
     return Status(StatusCode::kInvalidArgument,

@@ -640,6 +640,11 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   const router::RouterStats routed_before = RouterStats();
   const absl::Status status = RunGeneration(request, on_token, out);
   cancel_ = nullptr;
+  if (absl::IsCancelled(status)) {
+    // Prefetches queued for the steps that will not run now.
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    model_->model->CancelPendingLoads();
+  }
   if (absl::IsCancelled(status) && out->finish_reason == FinishReason::kNone) {
     out->finish_reason = FinishReason::kCancelled;  // during the prefill
   }
