@@ -20,7 +20,11 @@
 //    where w.d_b (w.m_b) is the fp16 scale (min) widened to float exactly.
 //  - A8 quantization of 32 floats x: amax = max |x|; d = amax / 127.0f;
 //    id = d != 0 ? 1.0f / d : 0.0f; q = round-half-to-even(x * id) (as
-//    _mm256_cvtps_epi32 and vcvtnq_s32_f32 round); s = sum of q.
+//    _mm256_cvtps_epi32 and vcvtnq_s32_f32 round) saturated to [-127, 127], and 0
+//    where x * id is NaN; s = sum of q. For finite inputs with a normal d, x * id is
+//    within [-127, 127] already; the saturation and the NaN rule give every ISA the
+//    same bytes, and defined ones, for the rest: NaN or infinite inputs, and blocks
+//    whose d is subnormal, where 1 / d overflows to infinity.
 #ifndef MOERT_KERNELS_UKERNEL_H_
 #define MOERT_KERNELS_UKERNEL_H_
 
