@@ -593,25 +593,25 @@ std::optional<ModelCase> BuildModelCase(std::span<const uint8_t> input) {
   }
   Mutate(r, arch, s, w, tensors);
 
+  // Sizes first, so that a plan past the cap costs nothing to refuse.
+  std::vector<std::pair<uint64_t, uint64_t>> sizes;  // elements, bytes
   uint64_t total = 0;
   for (Tensor& t : tensors) {
     const std::optional<uint64_t> n = Elements(t.dims);
     if (!n) return std::nullopt;
-    // Rows that are not whole blocks of the type cannot be written: such a tensor is f32.
-    std::optional<uint64_t> bytes;
+    uint64_t bytes = 0;
     if (!t.dims.empty() && t.dims[0] != 0 && *n != 0) {
-      bytes = format::GgmlRowBytes(t.type, t.dims[0]);
-      if (!bytes) {
-        t.type = GgmlType::kF32;
-        bytes = format::GgmlRowBytes(t.type, t.dims[0]);
-      }
-      *bytes *= *n / t.dims[0];
-    } else {
-      bytes = 0;
+      // Rows that are not whole blocks of the type cannot be written: such a tensor is f32.
+      if (!format::GgmlRowBytes(t.type, t.dims[0])) t.type = GgmlType::kF32;
+      bytes = *format::GgmlRowBytes(t.type, t.dims[0]) * (*n / t.dims[0]);
     }
-    total += *bytes;
+    total += bytes;
     if (total > kMaxTensorBytes) return std::nullopt;
-    if (!w.AddTensor(t.name, t.type, t.dims, TensorData(t, *n, *bytes)).ok()) {
+    sizes.emplace_back(*n, bytes);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!w.AddTensor(t.name, t.type, t.dims, TensorData(t, sizes[i].first, sizes[i].second)).ok()) {
       return std::nullopt;
     }
   }

@@ -20,7 +20,7 @@ namespace moert::fuzz {
 
 // The input's tensor data is capped (the fuzzer's own limit, so that it spends its
 // time in the library rather than in writing files): larger plans are skipped.
-inline constexpr uint64_t kMaxTensorBytes = uint64_t{4} << 20;
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 20;
 
 struct ModelCase {
   std::vector<uint8_t> gguf;        // the whole file
