@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, libFuzzer + ASan + UBSan; the whole library
-# instrumented, asserts on) in $MOERT_FUZZ_BUILD (default build-fuzz) and runs each
-# for SECONDS (default 60) on a copy of its seed corpus:
+# instrumented, asserts on) in $MOERT_FUZZ_BUILD (default build-fuzz) and runs them for
+# SECONDS in all (default 60, shared equally, at least 1 s each) on a copy of each
+# one's seed corpus:
 #   gguf   gguf_fuzzer on tests/fuzz/corpus: the GGUF reader on arbitrary bytes
 #   model  model_fuzzer on tests/fuzz/model_corpus: valid small models with mutated
 #          metadata and tensors through Model::Load and a forward pass
@@ -24,6 +25,8 @@ for f in "${fuzzers[@]}"; do
     exit 2
   fi
 done
+each=$(( seconds / ${#fuzzers[@]} ))
+(( each > 0 )) || each=1
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MOERT_FUZZ_BUILD:-${root}/build-fuzz}"
 mkdir -p "${build}" && build="$(cd "${build}" && pwd)"
@@ -48,8 +51,8 @@ run_fuzzer() {
   rm -rf "${run}"
   mkdir -p "${run}/corpus" "${run}/artifacts"
   cp "${corpus}"/* "${run}/corpus/"
-  echo "=== ${name}_fuzzer: ${seconds} s"
-  "${build}/bin/${name}_fuzzer" "${run}/corpus" -max_total_time="${seconds}" \
+  echo "=== ${name}_fuzzer: ${each} s"
+  "${build}/bin/${name}_fuzzer" "${run}/corpus" -max_total_time="${each}" \
     -artifact_prefix="${run}/artifacts/" -print_final_stats=1 "$@"
 }
 

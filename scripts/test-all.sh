@@ -6,9 +6,10 @@
 #      its tests under qemu-aarch64 -cpu max
 #   (tests labelled `slow`, the full perplexity runs, only run in step 1)
 #   4. the fuzzers (libFuzzer): the GGUF reader's and the model's (Model::Load and a
-#      forward pass on mutated valid models), each for a bounded time
+#      forward pass on mutated valid models), for a bounded time
 # Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
-# change each fuzzer's time (default 60), MOERT_SKIP="aarch64 asan fuzz" to skip steps.
+# change the fuzzing time (default 60, shared by the two fuzzers), MOERT_SKIP="aarch64
+# asan fuzz" to skip steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${MOERT_BUILD_ROOT:-build}
