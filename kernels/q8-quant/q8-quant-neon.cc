@@ -20,7 +20,8 @@ void moert_q8_quant_ukernel__neon(size_t k, const float* x, moert_a8_block* a) {
     float32x4_t m2 = vmaxnmq_f32(vabsq_f32(v[4]), vabsq_f32(v[5]));
     float32x4_t m3 = vmaxnmq_f32(vabsq_f32(v[6]), vabsq_f32(v[7]));
     m0 = vmaxnmq_f32(vmaxnmq_f32(m0, m1), vmaxnmq_f32(m2, m3));
-    const float amax = vmaxnmvq_f32(m0);
+    // The reference's amax starts at 0: a block of NaNs has amax 0, not NaN.
+    const float amax = vmaxnmvq_f32(vmaxnmq_f32(m0, vdupq_n_f32(0.0f)));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const float32x4_t vid = vdupq_n_f32(id);
