@@ -151,6 +151,27 @@ void Fail(benchmark::State& state, const std::string& message);
 // benchmark called Fail().
 int Main(int argc, char** argv);
 
+// The variants a family with one kernel (q8-quant, f32-topk, f32-gemm) is benchmarked
+// in: "dispatched" (GetKernelConfig()'s) and every AvailableIsas() whose config has its
+// own kernel for the family (an ISA without one would only rerun a lower ISA's).
+// `family` is the family's config in KernelConfig, a struct with an `isa` member.
+template <typename Config>
+struct FamilyVariant {
+  std::string name;
+  Config config;
+};
+template <typename Config>
+std::vector<FamilyVariant<Config>> FamilyVariants(Config kernels::KernelConfig::*family) {
+  std::vector<FamilyVariant<Config>> variants = {
+      {"dispatched", kernels::GetKernelConfig().*family}};
+  for (kernels::Isa isa : kernels::AvailableIsas()) {
+    absl::StatusOr<kernels::KernelConfig> config = kernels::KernelConfigFor(isa);
+    if (!config.ok() || ((*config).*family).isa != isa) continue;
+    variants.push_back({kernels::IsaName(isa), (*config).*family});
+  }
+  return variants;
+}
+
 // --- Quantized GEMV/GEMM over packed weights (the q4/q4m/q8/q4s24 families) ---
 
 enum class Op { kGemv, kGemm };

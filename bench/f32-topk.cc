@@ -58,17 +58,7 @@ void RunTopK(benchmark::State& state, const TopKCase& tc) {
 }
 
 void Register() {
-  struct Variant {
-    std::string name;
-    kernels::TopKConfig config;
-  };
-  std::vector<Variant> variants = {{"dispatched", kernels::GetKernelConfig().topk}};
-  for (kernels::Isa isa : kernels::AvailableIsas()) {
-    absl::StatusOr<kernels::KernelConfig> config = kernels::KernelConfigFor(isa);
-    if (!config.ok() || config->topk.isa != isa) continue;  // no top-k kernel for `isa`
-    variants.push_back({kernels::IsaName(isa), config->topk});
-  }
-  for (const Variant& v : variants) {
+  for (const auto& v : bench::FamilyVariants(&kernels::KernelConfig::topk)) {
     for (size_t n : {size_t{8}, size_t{64}, size_t{128}, size_t{256}}) {
       for (size_t k : {size_t{2}, size_t{8}}) {
         const TopKCase tc{v.config.topk, n, k, kernels::IsaName(v.config.isa)};

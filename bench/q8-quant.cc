@@ -74,19 +74,10 @@ void RunQuant(benchmark::State& state, const QuantCase& qc) {
 }
 
 void Register() {
-  struct Variant {
-    std::string name;
-    kernels::QuantConfig config;
-  };
-  std::vector<Variant> variants = {{"dispatched", kernels::GetKernelConfig().q8_quant}};
-  for (kernels::Isa isa : kernels::AvailableIsas()) {
-    absl::StatusOr<kernels::KernelConfig> config = kernels::KernelConfigFor(isa);
-    if (!config.ok() || config->q8_quant.isa != isa) continue;  // no quantizer for `isa`
-    variants.push_back({kernels::IsaName(isa), config->q8_quant});
-  }
+  const auto variants = bench::FamilyVariants(&kernels::KernelConfig::q8_quant);
   // The distinct input widths of the expert matrices (bench-utils.h kExpertShapes).
   static constexpr size_t kWidths[] = {1024, 1408, 2048, 4096, 14336};
-  for (const Variant& v : variants) {
+  for (const auto& v : variants) {
     for (size_t k : kWidths) {
       for (size_t m : {size_t{1}, size_t{128}}) {
         for (int threads : bench::kThreadCounts) {

@@ -18,6 +18,7 @@ set(MOERT_KERNEL_SOURCES
   ${k}/q4s24-gemv/q4s24-gemv-1x8-scalar.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-scalar.cc
   ${k}/f32-topk/f32-topk-scalar.cc
+  ${k}/f32-gemm/f32-gemm-2x2-scalar.cc
 )
 set(MOERT_KERNEL_DEFINITIONS)
 set(MOERT_KERNEL_OBJECTS)
@@ -34,6 +35,7 @@ set(MOERT_AVX2_KERNEL_SOURCES
   ${k}/q4s24-gemv/q4s24-gemv-1x8-avx2.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-avx2.cc
   ${k}/f32-topk/f32-topk-avx2.cc
+  ${k}/f32-gemm/f32-gemm-4x3-avx2.cc
 )
 # aarch64: NEON with the dot-product extension, and with i8mm.
 set(MOERT_NEONDOT_KERNEL_SOURCES

@@ -59,6 +59,12 @@ struct TopKConfig {
   Isa isa = Isa::kScalar;
 };
 
+// The fp32 reference path's matmuls (ukernel.h, moert_f32_gemm_ukernel_fn).
+struct F32GemmConfig {
+  moert_f32_gemm_ukernel_fn gemm = nullptr;
+  Isa isa = Isa::kScalar;
+};
+
 struct KernelConfig {
   Isa isa = Isa::kScalar;  // what was asked for (the best available by default)
   QuantConfig q8_quant;
@@ -67,6 +73,7 @@ struct KernelConfig {
   GemmConfig q8;     // W8
   GemmConfig q4s24;  // W4S24
   TopKConfig topk;
+  F32GemmConfig f32_gemm;
 };
 
 // The process-wide config: MOERT_ISA if set and usable, else the best available.

@@ -20,7 +20,11 @@
 //    where w.d_b (w.m_b) is the fp16 scale (min) widened to float exactly.
 //  - A8 quantization of 32 floats x: amax = max |x|; d = amax / 127.0f;
 //    id = d != 0 ? 1.0f / d : 0.0f; q = round-half-to-even(x * id) (as
-//    _mm256_cvtps_epi32 and vcvtnq_s32_f32 round); s = sum of q.
+//    _mm256_cvtps_epi32 and vcvtnq_s32_f32 round) saturated to [-127, 127], and 0
+//    where x * id is NaN; s = sum of q. For finite inputs with a normal d, x * id is
+//    within [-127, 127] already; the saturation and the NaN rule give every ISA the
+//    same bytes, and defined ones, for the rest: NaN or infinite inputs, and blocks
+//    whose d is subnormal, where 1 / d overflows to infinity.
 #ifndef MOERT_KERNELS_UKERNEL_H_
 #define MOERT_KERNELS_UKERNEL_H_
 
@@ -127,5 +131,23 @@ typedef void (*moert_f32_topk_ukernel_fn)(size_t n, const float* x, size_t k,
   void name(size_t n, const float* x, size_t k, uint32_t* indices)
 
 MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__scalar);
+
+// --- f32 GEMM (the fp32 reference path's matmuls) ---
+//
+// y[t * ldy + r] = dot(w + r * k, x + t * k) for rows r in [r0, r1) of w (row-major,
+// k floats a row) and tokens t in [0, n) of x, each dot product in this order: two
+// 4-lane partial sums over the blocks of 8 (lane j of the first adds the products of
+// elements 8b + j, of the second 8b + 4 + j), s = first + second lane-wise, then
+// (s[0] + s[1]) + (s[2] + s[3]), then the remaining k % 8 products one by one; every
+// operation a float multiply or add, no fused multiply-add. So a value is the same bits
+// on every ISA, for any tile shape and any split of the rows between threads.
+typedef void (*moert_f32_gemm_ukernel_fn)(size_t k, const float* w, size_t r0, size_t r1,
+                                          const float* x, size_t n, float* y, size_t ldy);
+
+#define MOERT_DECLARE_F32_GEMM(name)                                                       \
+  void name(size_t k, const float* w, size_t r0, size_t r1, const float* x, size_t n, float* y, \
+            size_t ldy)
+
+MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_2x2__scalar);
 
 #endif  // MOERT_KERNELS_UKERNEL_H_

@@ -17,6 +17,7 @@ MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__avx2);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__avx2);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__avx2);
 MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__avx2);
+MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_4x3__avx2);
 
 #define MOERT_APPLY_AVX2_KERNELS(c)                                                               \
   do {                                                                                            \
@@ -30,6 +31,7 @@ MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__avx2);
     SetGemm((c).q4s24, moert_q4s24_gemv_ukernel_1x8__avx2, moert_q4s24_gemm_ukernel_4x8__avx2, 4, \
             Isa::kAvx2);                                                                          \
     (c).topk = {moert_f32_topk_ukernel__avx2, Isa::kAvx2};                                        \
+    (c).f32_gemm = {moert_f32_gemm_ukernel_4x3__avx2, Isa::kAvx2};                                \
   } while (0)
 
 #endif  // MOERT_KERNELS_UKERNELS_AVX2_H_

@@ -6,9 +6,11 @@
 #   3. aarch64 cross build (no benchmarks: their kernels' bits are the unit tests'),
 #      its tests under qemu-aarch64 -cpu max
 #   (tests labelled `slow`, the full perplexity runs, only run in step 1)
-#   4. the GGUF fuzzer (libFuzzer) for a bounded time
+#   4. the fuzzers (libFuzzer): the GGUF reader's and the model's (Model::Load and a
+#      forward pass on mutated valid models), for a bounded time
 # Build trees go under build/ (or $MOERT_BUILD_ROOT). Set MOERT_FUZZ_SECONDS to
-# change the fuzzing time (default 60), MOERT_SKIP="aarch64 asan tsan fuzz" to skip steps.
+# change the fuzzing time (default 60, shared by the two fuzzers), MOERT_SKIP="aarch64
+# asan tsan fuzz" to skip steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=${MOERT_BUILD_ROOT:-build}
@@ -59,7 +61,7 @@ if [[ $skip != *" aarch64 "* ]]; then
 fi
 
 if [[ $skip != *" fuzz "* ]]; then
-  step "GGUF fuzzer"
+  step "fuzzers"
   MOERT_FUZZ_BUILD="$root/fuzz" scripts/run-fuzz.sh "${MOERT_FUZZ_SECONDS:-60}"
 fi
 

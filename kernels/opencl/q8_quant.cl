@@ -1,6 +1,7 @@
 // A8 quantization (kernels/ukernel.h): each work-item turns one 32-float block of x
 // into one moert_a8_block, with the CPU quantizer's arithmetic (amax / 127, 1 / d,
-// round half to even) so that the blocks are the same bits.
+// round half to even, NaN to 0, saturated to [-127, 127]) so that the blocks are the
+// same bits.
 __kernel void q8_quant(__global const uchar* x_base, ulong x_off, __global uchar* a_base,
                        ulong a_off, int n_blocks) {
   const int blk = (int)get_global_id(0);
@@ -13,7 +14,7 @@ __kernel void q8_quant(__global const uchar* x_base, ulong x_off, __global uchar
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   int s = 0;
   for (int j = 0; j < MOERT_QK; ++j) {
-    const int q = convert_int_rte(x[j] * id);
+    const int q = clamp(convert_int_sat_rte(x[j] * id), -127, 127);
     a->qs[j] = (char)q;
     s += q;
   }

@@ -1,9 +1,9 @@
 // AVX2 A8 activation quantization, bit-identical to the scalar reference (ukernel.h):
 // amax with max(|x|, amax) (a NaN input is skipped, as std::fmax skips it), the same
-// scalar d = amax / 127 and id = 1 / d, then round half to even with cvtps2dq.
-// The int32 values are narrowed by their low byte (mask, then non-saturating packs), as
-// the reference's static_cast<int8_t> narrows them; they are in [-127, 127] for finite
-// inputs anyway.
+// scalar d = amax / 127 and id = 1 / d, NaN products zeroed and the rest clamped to
+// [-127, 127] as the reference does, then round half to even with cvtps2dq. The int32
+// values are narrowed by their low byte (mask, then non-saturating packs), as the
+// reference's static_cast<int8_t> narrows them.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -14,6 +14,8 @@
 void moert_q8_quant_ukernel__avx2(size_t k, const float* x, moert_a8_block* a) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i low_byte = _mm256_set1_epi32(0xFF);
+  const __m256 lo = _mm256_set1_ps(-127.0f);
+  const __m256 hi = _mm256_set1_ps(127.0f);
   // The packs interleave the 4-byte groups of q[0..3] lane by lane; this puts them back.
   const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (size_t b = 0; b < k / MOERT_QK; ++b, x += MOERT_QK) {
@@ -33,7 +35,9 @@ void moert_q8_quant_ukernel__avx2(size_t k, const float* x, moert_a8_block* a) {
     __m256i q[4];
     __m256i sum = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
-      q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+      __m256 p = _mm256_mul_ps(v[j], vid);
+      p = _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q));  // NaN -> 0
+      q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(p, lo), hi));
       sum = _mm256_add_epi32(sum, q[j]);
       q[j] = _mm256_and_si256(q[j], low_byte);
     }

@@ -11,8 +11,12 @@ void moert_q8_quant_ukernel__scalar(size_t k, const float* x, moert_a8_block* a)
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t s = 0;
     for (int j = 0; j < MOERT_QK; ++j) {
-      // nearbyint rounds half to even in the default rounding mode.
-      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      // NaN quantizes to 0 and the rest saturates to [-127, 127] (ukernel.h): only
+      // non-finite inputs and subnormal scales get there, and converting them to int
+      // unsaturated is undefined. nearbyint rounds half to even in the default mode.
+      const float v = x[j] * id;
+      const float c = std::isnan(v) ? 0.0f : std::fmin(std::fmax(v, -127.0f), 127.0f);
+      const int q = static_cast<int>(std::nearbyint(c));
       a[b].qs[j] = static_cast<int8_t>(q);
       s += q;
     }

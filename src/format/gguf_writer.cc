@@ -136,6 +136,11 @@ void GgufWriter::SetArray(std::string_view key, GgufValueType element_type, uint
   SetRaw(key, GgufValueType::kArray, std::move(payload));
 }
 
+void GgufWriter::Remove(std::string_view key) {
+  std::erase_if(entries_, [&](const Entry& e) { return e.key == key; });
+  if (key == kAlignmentKey) alignment_ = kDefaultAlignment;
+}
+
 absl::StatusOr<uint64_t> GgufWriter::CheckTensor(std::string_view name, GgmlType type,
                                                  const std::vector<uint64_t>& dims) const {
   const std::string context = moert::StrCat("GgufWriter: tensor '", name, "'");

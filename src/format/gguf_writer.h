@@ -46,6 +46,9 @@ class GgufWriter {
   // for kArray the bytes are the nested arrays' encodings).
   void SetArray(std::string_view key, GgufValueType element_type, uint64_t count,
                 std::span<const uint8_t> element_bytes);
+  // Removes `key` where it is set (tests and the model fuzzer leave keys out); for
+  // general.alignment the layout goes back to the default alignment.
+  void Remove(std::string_view key);
 
   // `dims` in ggml order (dims[0] innermost); `data` must hold exactly the tensor's
   // bytes for `type`. Returns InvalidArgument otherwise.

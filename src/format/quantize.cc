@@ -52,9 +52,13 @@ int NearestInt(float v) {
   return (bits & 0x007FFFFF) - 0x00400000;
 }
 
-// (int)roundf(v), halves away from zero, for |v| < 2^31: v - trunc(v) is exact.
-// Branch-free: on real data the comparisons are coin flips.
+// (int)roundf(v), halves away from zero: v - trunc(v) is exact. NaN and values beyond
+// any block's range, which only an overflowing 1 / d gives (a block whose values are
+// so small that d is subnormal), give 0 as in TruncToInt (the model fuzzer found
+// Q8_0's requantization of such a block converting infinity to int). Branch-free
+// otherwise: on real data the rounding comparisons are coin flips.
 int RoundHalfAway(float v) {
+  if (!(v > -1e9f && v < 1e9f)) return 0;
   const int t = static_cast<int>(v);
   const float frac = v - static_cast<float>(t);
   return t + static_cast<int>(frac >= 0.5f) - static_cast<int>(frac <= -0.5f);

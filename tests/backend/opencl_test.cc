@@ -31,11 +31,13 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -869,6 +871,16 @@ std::unique_ptr<Device> OpenVariant(const Device& base, int k_split, DotPolyfill
   return d.ok() ? std::move(d).value() : nullptr;
 }
 
+// The slow tests' variants, each opened once per test binary and kept: a variant's
+// device builds its programs on first use with the program cache off (seconds each on
+// PoCL), and the integer-dot tests run the same few variants for each format.
+Device* SharedVariant(const Device& base, int k_split, DotPolyfill dot) {
+  static auto* variants = new std::map<std::pair<int, DotPolyfill>, std::unique_ptr<Device>>();
+  std::unique_ptr<Device>& slot = (*variants)[{k_split, dot}];
+  if (slot == nullptr) slot = OpenVariant(base, k_split, dot);
+  return slot.get();
+}
+
 // An argument of a probe kernel: a buffer or an int.
 using ProbeArg = std::variant<cl_mem, cl_int>;
 
@@ -992,8 +1004,8 @@ TEST_P(OpenClMatMulSlowTest, IntDotPathGivesTheBaselineBits) {
   for (const auto& [k_split, dot] :
        {std::pair{1, DotPolyfill::kKhr}, {4, DotPolyfill::kKhr}, {1, DotPolyfill::kArm}}) {
     // The same GEMV split on both sides: only the integer path differs.
-    std::unique_ptr<Device> base = OpenVariant(device(), k_split, DotPolyfill::kNone);
-    std::unique_ptr<Device> poly = OpenVariant(device(), k_split, dot);
+    Device* base = SharedVariant(device(), k_split, DotPolyfill::kNone);
+    Device* poly = SharedVariant(device(), k_split, dot);
     ASSERT_NE(base, nullptr);
     ASSERT_NE(poly, nullptr);
     for (int64_t rows : {1, 13, 100}) {
@@ -1081,7 +1093,7 @@ TEST_P(OpenClMatMulTest, SubgroupSplitKGemvMatchesCpu) {
 
 TEST_F(OpenClSlowTest, IntDotPathFusedMoeGivesTheBaselineBits) {
   for (DotPolyfill dot : {DotPolyfill::kKhr, DotPolyfill::kArm}) {
-    std::unique_ptr<Device> poly = OpenVariant(device(), device().variant().gemv_k_split, dot);
+    Device* poly = SharedVariant(device(), device().variant().gemv_k_split, dot);
     ASSERT_NE(poly, nullptr);
     for (WeightFormat format : {WeightFormat::kW4, WeightFormat::kW8}) {
       for (const auto& [n, k, routed] :

@@ -359,6 +359,23 @@ TEST(GgufWriterTest, SettingAKeyAgainReplacesItAtTheEnd) {
   EXPECT_EQ(*f->GetString("a"), "again");
 }
 
+TEST(GgufWriterTest, RemoveLeavesTheKeyOut) {
+  GgufWriter w;
+  w.SetUint32("a", 1);
+  w.SetUint32("b", 2);
+  w.Remove("a");
+  w.Remove("not set");
+  w.SetAlignment(64);
+  w.Remove("general.alignment");  // and the layout is the default's again
+  ASSERT_TRUE(w.AddTensor("t", GgmlType::kF32, {3}, std::vector<uint8_t>(12, 1)).ok());
+  auto f = Reparse(w.Serialize());
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(f->metadata().size(), 1u);
+  EXPECT_EQ(f->metadata()[0].key, "b");
+  EXPECT_EQ(f->alignment(), 32u);
+  EXPECT_EQ(f->data_offset() % 32, 0u);
+}
+
 TEST(GgufWriterTest, AddTensorValidates) {
   GgufWriter w;
   std::vector<uint8_t> d(34);

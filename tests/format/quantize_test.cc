@@ -193,6 +193,24 @@ TEST(QuantizeK, AllZeroSuperBlocks) {
   }
 }
 
+// Values so small that a block's d is subnormal: 1 / d overflows to infinity, so the
+// codes of x * (1 / d) are out of any range (x86 gives ggml's bits by accident, and
+// UBSan reports the conversion). Every format still quantizes them without undefined
+// behaviour, and as its fp16 scale underflows to 0 they all dequantize to 0.
+TEST(QuantizeSubnormalBlocks, QuantizeToZeroWithoutOverflow) {
+  std::vector<float> x(256);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 ? 1e-39f : -2e-39f);
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                        GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    SCOPED_TRACE(GgmlTypeName(type));
+    const std::vector<uint8_t> q = QuantizeOrDie(type, x);
+    for (float v : DequantizeOrDie(type, q, x.size())) ASSERT_EQ(v, 0.0f);
+  }
+  // Q8_0's codes are 0 too: nothing of the block survives its scale.
+  EXPECT_THAT(QuantizeOrDie(GgmlType::kQ8_0, std::vector<float>(x.begin(), x.begin() + 32)),
+              ElementsAreArray(std::vector<uint8_t>(34, 0)));
+}
+
 // --- Sizes and values ---------------------------------------------------------------
 
 TEST(QuantizeErrors, PartialBlockNamesTypeAndSize) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,17 +34,22 @@ std::vector<float> Inputs(size_t k, uint32_t seed) {
 }
 
 // kernels/ukernel.h's definition of A8 quantization, written out here (not the scalar
-// kernel): amax, d = amax / 127, id = 1 / d (0 for d 0), q = round-half-even(x * id).
+// kernel): amax, d = amax / 127, id = 1 / d (0 for d 0), q = round-half-even(x * id)
+// saturated to [-127, 127], 0 for a NaN x * id.
 std::vector<moert_a8_block> NaiveQuant(const std::vector<float>& x) {
   std::vector<moert_a8_block> out(x.size() / 32);
   for (size_t b = 0; b < out.size(); ++b) {
     float amax = 0.0f;
-    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    for (size_t j = 0; j < 32; ++j) {
+      const float m = std::fabs(x[b * 32 + j]);
+      if (!std::isnan(m)) amax = std::max(amax, m);
+    }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t s = 0;
     for (size_t j = 0; j < 32; ++j) {
-      const float v = x[b * 32 + j] * id;
+      float v = x[b * 32 + j] * id;
+      v = std::isnan(v) ? 0.0f : std::clamp(v, -127.0f, 127.0f);
       float r = std::floor(v);
       const float frac = v - r;
       if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
@@ -146,6 +152,67 @@ TEST_P(Q8QuantTest, TiesMatchScalar) {
   const std::vector<moert_a8_block> naive = NaiveQuant(x);
   for (size_t b = 0; b < 2; ++b) {
     EXPECT_EQ(std::memcmp(got[b].qs, naive[b].qs, 32), 0) << IsaName(GetParam()) << " block " << b;
+  }
+}
+
+// Inputs no finite activation of a healthy model gives, which a bad model file can
+// (the model fuzzer found the scalar kernel converting NaN to int): NaN and infinite
+// values, and blocks so small that d is subnormal and 1 / d overflows to infinity.
+// Every variant gives the definition's bytes: NaN products 0, the rest saturated.
+std::vector<float> NonFiniteInputs() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(6 * 32, 1.0f);
+  for (size_t j = 0; j < 32; ++j) x[j] = static_cast<float>(j) - 16.0f;
+  x[3] = nan;                                                  // block 0: one NaN
+  for (size_t j = 32; j < 64; ++j) x[j] = nan;                 // block 1: all NaN
+  x[64] = inf;                                                 // block 2: inf and finite
+  x[65] = -inf;
+  x[66] = -3.0f;
+  // Block 3: d subnormal, 1 / d infinite; block 4: d rounds to 0.
+  for (size_t j = 96; j < 128; ++j) x[j] = (j % 3 ? 1e-39f : -2e-39f);
+  x[128] = 5e-44f;
+  for (size_t j = 129; j < 160; ++j) x[j] = -1e-45f;
+  for (size_t j = 160; j < 192; ++j) x[j] = j % 2 ? inf : -inf;  // block 5: all infinite
+  return x;
+}
+
+TEST(Q8QuantReferenceTest, NonFiniteInputsAndSubnormalScalesAreDefined) {
+  const std::vector<float> x = NonFiniteInputs();
+  std::vector<moert_a8_block> a(x.size() / 32);
+  moert_q8_quant_ukernel__scalar(x.size(), x.data(), a.data());
+  EXPECT_EQ(a[0].qs[3], 0);  // NaN
+  EXPECT_EQ(a[0].qs[0], -127);
+  EXPECT_EQ(a[1].d, 0.0f);  // NaN never wins amax
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(a[1].qs[j], 0);
+  EXPECT_EQ(a[2].qs[0], 0);  // inf * (1 / inf) = inf * 0: NaN
+  EXPECT_EQ(a[2].qs[2], 0);  // finite * 0
+  EXPECT_EQ(a[3].qs[1], 127);  // 1 / d overflowed: saturated
+  EXPECT_EQ(a[3].qs[0], -127);
+  EXPECT_EQ(a[4].d, 0.0f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(a[4].qs[j], 0);
+  const std::vector<moert_a8_block> naive = NaiveQuant(x);
+  for (size_t b = 0; b < a.size(); ++b) {
+    EXPECT_EQ(std::memcmp(a[b].qs, naive[b].qs, 32), 0) << "block " << b;
+    EXPECT_EQ(a[b].s, naive[b].s) << "block " << b;
+  }
+}
+
+TEST_P(Q8QuantTest, NonFiniteInputsAndSubnormalScalesMatchScalar) {
+  auto config = KernelConfigFor(GetParam());
+  if (!config.ok()) GTEST_SKIP() << config.status().message();
+  if (config->q8_quant.isa != GetParam()) {
+    GTEST_SKIP() << "no q8-quant kernel for " << IsaName(GetParam());
+  }
+  const std::vector<float> x = NonFiniteInputs();
+  std::vector<moert_a8_block> got(x.size() / 32), want(x.size() / 32);
+  config->q8_quant.quant(x.size(), x.data(), got.data());
+  moert_q8_quant_ukernel__scalar(x.size(), x.data(), want.data());
+  for (size_t b = 0; b < got.size(); ++b) {
+    EXPECT_EQ(std::memcmp(got[b].qs, want[b].qs, 32), 0) << IsaName(GetParam()) << " block " << b;
+    EXPECT_EQ(got[b].s, want[b].s) << IsaName(GetParam()) << " block " << b;
+    EXPECT_EQ(std::memcmp(&got[b].d, &want[b].d, sizeof(float)), 0)
+        << IsaName(GetParam()) << " block " << b;
   }
 }
 

@@ -28,6 +28,7 @@
 #include "vision/image.h"
 #include "vision/encoder.h"
 #include "vision/mmproj.h"
+#include "vision/oracle_encodings.h"
 #include "vision/oracle_files.h"
 #include "vision/preprocess.h"
 #include "vision/prompt.h"
@@ -107,10 +108,46 @@ class ImageChatOracleSlowTest : public ::testing::Test {
     ref_ = new std::map<std::string, LlmRef>(ReadReference());
   }
   static void TearDownTestSuite() {
+    delete runtime_;
+    delete full_;
+    delete projector_;
+    runtime_ = nullptr;
+    full_ = nullptr;
+    projector_ = nullptr;
     delete dir_;
     delete mmproj_;
     delete llm_;
     delete ref_;
+  }
+
+  // Shared by the tests that need them, made on first use: the vision projector, its
+  // unpruned embedding of each image (seconds each: one encoding per image for the
+  // suite) and a runtime with both models loaded (sessions of their own per test).
+  static runtime::VisionProjector* Projector() {
+    if (projector_ == nullptr) {
+      auto vision = runtime::VisionProjector::Load(*mmproj_, 3584, 2);
+      EXPECT_TRUE(vision.ok()) << vision.status();
+      if (!vision.ok()) return nullptr;
+      projector_ = vision->release();
+    }
+    return projector_;
+  }
+  static const vision::ImageEmbedding* FullEmbedding(const std::string& name) {
+    if (full_ == nullptr) full_ = new std::map<std::string, vision::ImageEmbedding>();
+    if (auto it = full_->find(name); it != full_->end()) return &it->second;
+    runtime::VisionProjector* vision = Projector();
+    if (vision == nullptr) return nullptr;
+    auto pixels = vision::DecodeImageFile(kShared + name);
+    EXPECT_TRUE(pixels.ok()) << pixels.status();
+    if (!pixels.ok()) return nullptr;
+    auto embedding = vision->Embed(*pixels, {});
+    EXPECT_TRUE(embedding.ok()) << embedding.status();
+    if (!embedding.ok()) return nullptr;
+    return &full_->emplace(name, std::move(*embedding)).first->second;
+  }
+  static MoERuntime& SharedRuntime() {
+    if (runtime_ == nullptr) runtime_ = Runtime().release();
+    return *runtime_;
   }
 
   static std::unique_ptr<MoERuntime> Runtime(bool with_mmproj = true) {
@@ -132,12 +169,18 @@ class ImageChatOracleSlowTest : public ::testing::Test {
   static std::string* mmproj_;
   static std::string* llm_;
   static std::map<std::string, LlmRef>* ref_;
+  static runtime::VisionProjector* projector_;
+  static std::map<std::string, vision::ImageEmbedding>* full_;
+  static MoERuntime* runtime_;
 };
 
 std::string* ImageChatOracleSlowTest::dir_ = nullptr;
 std::string* ImageChatOracleSlowTest::mmproj_ = nullptr;
 std::string* ImageChatOracleSlowTest::llm_ = nullptr;
 std::map<std::string, LlmRef>* ImageChatOracleSlowTest::ref_ = nullptr;
+runtime::VisionProjector* ImageChatOracleSlowTest::projector_ = nullptr;
+std::map<std::string, vision::ImageEmbedding>* ImageChatOracleSlowTest::full_ = nullptr;
+MoERuntime* ImageChatOracleSlowTest::runtime_ = nullptr;
 
 // The model level: minicpmv-cli's prompt pieces, the embeddings at their positions,
 // the first step's logits and a greedy loop.
@@ -150,9 +193,9 @@ TEST_F(ImageChatOracleSlowTest, PromptIdsLogitsAndGreedyIdsMatchLlamaCpp) {
   options.threads = 2;
   auto model = model::Model::Load(**file, options);
   ASSERT_TRUE(model.ok()) << model.status();
-  auto vision = runtime::VisionProjector::Load(*mmproj_, 3584, 2);
-  ASSERT_TRUE(vision.ok()) << vision.status();
-  ASSERT_EQ((*vision)->hparams().minicpmv_version, 3);
+  runtime::VisionProjector* vision = Projector();
+  ASSERT_NE(vision, nullptr);
+  ASSERT_EQ(vision->hparams().minicpmv_version, 3);
 
   for (const char* name : kImages) {
     SCOPED_TRACE(name);
@@ -160,16 +203,14 @@ TEST_F(ImageChatOracleSlowTest, PromptIdsLogitsAndGreedyIdsMatchLlamaCpp) {
     ASSERT_FALSE(ref.input_ids.empty());
     ASSERT_EQ(ref.top5.size(), 5u);
     ASSERT_EQ(ref.greedy.size(), 16u);
-    auto pixels = vision::DecodeImageFile(kShared + name);
-    ASSERT_TRUE(pixels.ok()) << pixels.status();
-    auto embedding = (*vision)->Embed(*pixels, {});
-    ASSERT_TRUE(embedding.ok()) << embedding.status();
+    const vision::ImageEmbedding* embedding = FullEmbedding(name);
+    ASSERT_NE(embedding, nullptr);
     auto pieces = vision::MinicpmvUserTurn(3, {embedding->layout}, "Describe the image.");
     ASSERT_TRUE(pieces.ok()) << pieces.status();
     vision::PromptPositions positions;
-    vision::AppendPromptPositions(*tokenizer, *pieces, {&*embedding}, &positions);
+    vision::AppendPromptPositions(*tokenizer, *pieces, {embedding}, &positions);
     const std::vector<int32_t>& ids = positions.ids;
-    const std::vector<float> rows = vision::GatherRows(positions.rows, {&*embedding});
+    const std::vector<float> rows = vision::GatherRows(positions.rows, {embedding});
     EXPECT_EQ(ids, ref.input_ids);
 
     auto cache = (*model)->NewKvCache(2048);
@@ -203,8 +244,8 @@ TEST_F(ImageChatOracleSlowTest, PromptIdsLogitsAndGreedyIdsMatchLlamaCpp) {
 // The public API and moert-chat's path: a raw prompt with an image is minicpmv-cli's
 // turn; the generated bytes are the ones it printed.
 TEST_F(ImageChatOracleSlowTest, GeneratedBytesEqualMinicpmvCli) {
-  std::unique_ptr<MoERuntime> runtime = Runtime();
-  const ModelInfo info = runtime->model_info();
+  MoERuntime& runtime = SharedRuntime();
+  const ModelInfo info = runtime.model_info();
   EXPECT_EQ(info.minicpmv_version, 3);
   EXPECT_EQ(info.image_tokens_per_slice, 64);
   EXPECT_EQ(info.mmproj_path, *mmproj_);
@@ -212,7 +253,7 @@ TEST_F(ImageChatOracleSlowTest, GeneratedBytesEqualMinicpmvCli) {
     SCOPED_TRACE(name);
     const LlmRef& ref = ref_->at(name);
     std::unique_ptr<Session> session;
-    ASSERT_TRUE(runtime->CreateSession(&session).ok());
+    ASSERT_TRUE(runtime.CreateSession(&session).ok());
     GenerateRequest request;
     request.prompt = "Describe the image.";
     request.images = {Image::FromFile(kShared + name)};
@@ -257,7 +298,7 @@ TEST_F(ImageChatOracleSlowTest, MoertChatPrintsMinicpmvClisBytes) {
 // messages take images too, and the next turn reuses the image's KV cache without
 // encoding it again.
 TEST_F(ImageChatOracleSlowTest, BytesPixelsAndChatTurns) {
-  std::unique_ptr<MoERuntime> runtime = Runtime();
+  MoERuntime& runtime = SharedRuntime();
   const LlmRef& ref = ref_->at("test_small.png");
   std::ifstream in(kShared + "test_small.png", std::ios::binary);
   std::vector<uint8_t> png((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -267,7 +308,7 @@ TEST_F(ImageChatOracleSlowTest, BytesPixelsAndChatTurns) {
        {Image::FromEncoded(png),
         Image::FromRgb8(pixels->pixels.data(), pixels->width, pixels->height)}) {
     std::unique_ptr<Session> session;
-    ASSERT_TRUE(runtime->CreateSession(&session).ok());
+    ASSERT_TRUE(runtime.CreateSession(&session).ok());
     ASSERT_TRUE(session->AddImage(image).ok());
     GenerateRequest request;
     request.prompt = "Describe the image.";
@@ -279,7 +320,7 @@ TEST_F(ImageChatOracleSlowTest, BytesPixelsAndChatTurns) {
   }
 
   std::unique_ptr<Session> chat;
-  ASSERT_TRUE(runtime->CreateSession(&chat).ok());
+  ASSERT_TRUE(runtime.CreateSession(&chat).ok());
   GenerateRequest turn;
   turn.temperature = 0;
   turn.max_tokens = 4;
@@ -304,31 +345,26 @@ TEST_F(ImageChatOracleSlowTest, BytesPixelsAndChatTurns) {
 // cross-attention entropies), in order, as the unpruned rows; the prompt shrinks and
 // its positions stay contiguous.
 TEST_F(ImageChatOracleSlowTest, PruningKeepsTheLowestEntropyTokensOfEachSlice) {
-  auto vision = runtime::VisionProjector::Load(*mmproj_, 3584, 2);
-  ASSERT_TRUE(vision.ok()) << vision.status();
+  runtime::VisionProjector* vision = Projector();
+  ASSERT_NE(vision, nullptr);
   auto pixels = vision::DecodeImageFile(kShared + "test_small.png");  // one slice
   ASSERT_TRUE(pixels.ok());
-  auto full = (*vision)->Embed(*pixels, {});
-  ASSERT_TRUE(full.ok()) << full.status();
+  const vision::ImageEmbedding* full = FullEmbedding("test_small.png");
+  ASSERT_NE(full, nullptr);
   ASSERT_EQ(full->n_rows(), 64);
-  auto half = (*vision)->Embed(*pixels, {0.5f, 1});
+  auto half = vision->Embed(*pixels, {0.5f, 1});
   ASSERT_TRUE(half.ok()) << half.status();
   ASSERT_EQ(half->n_rows(), 32);
 
-  // The entropies the encoder reports for each slice, computed on their own.
-  auto file = format::GgufFile::Open(*mmproj_);
-  ASSERT_TRUE(file.ok());
-  auto mmproj = vision::LoadMmproj(**file);
-  ASSERT_TRUE(mmproj.ok());
-  backend::cpu::CpuBackend cpu(2);
-  auto encoder = vision::VisionEncoder::Create(*mmproj, cpu);
-  ASSERT_TRUE(encoder.ok());
-  auto pre = vision::Preprocess(*pixels, {mmproj->hparams.image_mean, mmproj->hparams.image_std});
-  ASSERT_TRUE(pre.ok());
+  // The entropies of each slice, computed on their own by the CPU backend's reference
+  // encoder (the encoder tests' encodings, oracle_encodings.h).
+  const vision::testing::ReferenceEncoding* encoded =
+      vision::testing::GetReferenceEncoding("test_small.png");
+  ASSERT_NE(encoded, nullptr);
   for (int s = 0; s < 1; ++s) {
     SCOPED_TRACE(s);
-    std::vector<float> rows, entropy;
-    ASSERT_TRUE((*encoder)->EncodeSlice(pre->slices[static_cast<size_t>(s)], &rows, &entropy).ok());
+    ASSERT_LT(static_cast<size_t>(s), encoded->entropy.size());
+    const std::vector<float>& entropy = encoded->entropy[static_cast<size_t>(s)];
     ASSERT_EQ(entropy.size(), 64u);
     const std::vector<int>& kept = half->kept[static_cast<size_t>(s)];
     ASSERT_EQ(kept.size(), 32u);
@@ -351,14 +387,13 @@ TEST_F(ImageChatOracleSlowTest, PruningKeepsTheLowestEntropyTokensOfEachSlice) {
       ASSERT_TRUE(std::equal(got, got + 3584, want)) << "token " << kept[static_cast<size_t>(i)];
     }
   }
-  auto floor = (*vision)->Embed(*pixels, {0.01f, 10});
+  auto floor = vision->Embed(*pixels, {0.01f, 10});
   ASSERT_TRUE(floor.ok());
   EXPECT_EQ(floor->n_rows(), 10);  // min_keep
 
   // Through the API: the prompt holds 3 x 32 image positions, contiguous.
-  std::unique_ptr<MoERuntime> runtime = Runtime();
   std::unique_ptr<Session> session;
-  ASSERT_TRUE(runtime->CreateSession(&session).ok());
+  ASSERT_TRUE(SharedRuntime().CreateSession(&session).ok());
   GenerateRequest request;
   request.prompt = "Describe the image.";
   request.images = {Image::FromFile(kShared + "test.png")};
@@ -456,9 +491,8 @@ TEST_F(ImageChatOracleSlowTest, BadImagesAndModelsAreClearErrors) {
     s = session->Generate(request);
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
-  std::unique_ptr<MoERuntime> runtime = Runtime();
   std::unique_ptr<Session> session;
-  ASSERT_TRUE(runtime->CreateSession(&session).ok());
+  ASSERT_TRUE(SharedRuntime().CreateSession(&session).ok());
   const std::string text_file = *dir_ + "/not-an-image.png";
   std::ofstream(text_file) << "this is text, not a PNG\n";
   struct Bad {

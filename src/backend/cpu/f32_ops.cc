@@ -1,6 +1,7 @@
 // The CPU backend's fp32 ops (see f32_ops.h): portable fp32 code, vectorised through
 // 4-lane GCC/clang vector types (SSE on x86-64, NEON on AArch64) rather than
-// -ffast-math, so the order of every sum is the one written here.
+// -ffast-math, so the order of every sum is the one written here; the matmuls run on
+// the f32 GEMM kernels (kernels/f32-gemm/), whose order ukernel.h fixes.
 #include "backend/cpu/f32_ops.h"
 
 #include <algorithm>
@@ -14,106 +15,16 @@
 #include "backend/cpu/kv_rows.h"
 #include "backend/cpu/qmatmul.h"
 #include "core/fp16.h"
+#include "kernels/f32-gemm/f32-dot.h"
 
 namespace moert::backend::cpu {
 namespace {
 
-typedef float V4 __attribute__((vector_size(16)));
-
-inline V4 Load4(const float* p) {
-  V4 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// R weight rows times C input vectors: R * C dot products of length k. Each one keeps
-// its own two partial sums and reduces them like Dot(), so a value is the same
-// whichever block shape computed it. out is [R][C].
+// The reference dot products (their order: kernels/ukernel.h's f32 GEMM), in portable
+// 4-lane vectors.
 template <int R, int C>
 inline void DotBlock(const float* const* w, const float* const* x, int64_t k, float* out) {
-  V4 acc0[R][C];
-  V4 acc1[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      acc0[r][c] = V4{0, 0, 0, 0};
-      acc1[r][c] = V4{0, 0, 0, 0};
-    }
-  }
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    V4 xa[C];
-    V4 xb[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      xa[c] = Load4(x[c] + i);
-      xb[c] = Load4(x[c] + i + 4);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const V4 wa = Load4(w[r] + i);
-      const V4 wb = Load4(w[r] + i + 4);
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) {
-        acc0[r][c] += wa * xa[c];
-        acc1[r][c] += wb * xb[c];
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const V4 s = acc0[r][c] + acc1[r][c];
-      float v = (s[0] + s[1]) + (s[2] + s[3]);
-      for (int64_t j = i; j < k; ++j) v += w[r][j] * x[c][j];
-      out[r * C + c] = v;
-    }
-  }
-}
-
-// Rows [r0, r1) of w against tokens [t0, t1) of x, in blocks of R rows by C tokens
-// where they fit and single dot products at the edges. y is [n][ldy].
-template <int R, int C>
-void MatMulTile(MatrixView w, const float* x, int64_t t0, int64_t t1, int64_t r0, int64_t r1,
-                float* y, int64_t ldy) {
-  const int64_t k = w.cols;
-  float out[R * C];
-  int64_t t = t0;
-  for (; t + C <= t1; t += C) {
-    const float* xs[C];
-    for (int c = 0; c < C; ++c) xs[c] = x + (t + c) * k;
-    int64_t r = r0;
-    for (; r + R <= r1; r += R) {
-      const float* ws[R];
-      for (int i = 0; i < R; ++i) ws[i] = w.data + (r + i) * k;
-      DotBlock<R, C>(ws, xs, k, out);
-      for (int i = 0; i < R; ++i) {
-        for (int c = 0; c < C; ++c) y[(t + c) * ldy + r + i] = out[i * C + c];
-      }
-    }
-    for (; r < r1; ++r) {
-      const float* ws[1] = {w.data + r * k};
-      DotBlock<1, C>(ws, xs, k, out);
-      for (int c = 0; c < C; ++c) y[(t + c) * ldy + r] = out[c];
-    }
-  }
-  for (; t < t1; ++t) {
-    const float* xs[1] = {x + t * k};
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-      const float* ws[4] = {w.data + r * k, w.data + (r + 1) * k, w.data + (r + 2) * k,
-                            w.data + (r + 3) * k};
-      DotBlock<4, 1>(ws, xs, k, out);
-      for (int i = 0; i < 4; ++i) y[t * ldy + r + i] = out[i];
-    }
-    for (; r < r1; ++r) {
-      const float* ws[1] = {w.data + r * k};
-      DotBlock<1, 1>(ws, xs, k, out);
-      y[t * ldy + r] = out[0];
-    }
-  }
+  kernels::f32::DotBlock<R, C, kernels::f32::Lanes4x2>(w, x, static_cast<size_t>(k), out);
 }
 
 // Enough rows per task to amortise the dispatch, few enough to spread a decode step
@@ -152,8 +63,11 @@ void FloatMatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
     const MatMulJob& job = jobs[j];
     const int64_t r0 = static_cast<int64_t>(task - first_task[j]) * kRowsPerTask;
     const int64_t r1 = std::min(job.w.rows, r0 + kRowsPerTask);
-    // 2 rows x 2 tokens reuses each load twice and keeps 8 accumulators in registers.
-    MatMulTile<2, 2>(job.w, job.x, 0, job.n, r0, r1, job.y, job.w.rows);
+    // The f32 GEMM kernel of the pool's ISA: the same bits on every ISA (ukernel.h).
+    pool.kernels().f32_gemm.gemm(static_cast<size_t>(job.w.cols), job.w.data,
+                                 static_cast<size_t>(r0), static_cast<size_t>(r1), job.x,
+                                 static_cast<size_t>(job.n), job.y,
+                                 static_cast<size_t>(job.w.rows));
   });
 }
 
