@@ -222,35 +222,34 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
   const uint64_t need = BlockBytes(info.runtime_bytes, options_.min_block_bytes);
   while (true) {
     const memory::BuddyStats now = pool_->expert_allocator().stats();
-    if (limit_bytes_ < now.pool_bytes && now.live_bytes + need > limit_bytes_) {
-      // Under the limit SetPoolLimit set: make room as for a full pool.
-      if (EvictOne()) continue;
-      if (wait && !in_flight_.empty()) {
-        Drain();
-        continue;
-      }
-      return absl::ResourceExhaustedError(StrCat(
-          "the expert pool, limited to ", limit_bytes_, " bytes of its ", now.pool_bytes,
-          " (memory budget), cannot hold layer ", info.layer, ", expert ", info.expert,
-          " (a block of ", need, " bytes): ", now.live_bytes,
-          " bytes in use and nothing else to evict"));
+    // Under the limit SetPoolLimit set, the block must also fit the limit: room is made
+    // the same way as in a full pool.
+    const bool over_limit = limit_bytes_ < now.pool_bytes && now.live_bytes + need > limit_bytes_;
+    if (!over_limit) {
+      if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
+      absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
+          *pool_, info.runtime_bytes,
+          [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
+      if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
     }
-    if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
-    absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
-        *pool_, info.runtime_bytes,
-        [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
-    if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
     if (EvictOne()) continue;
     if (wait && !in_flight_.empty()) {
       // Prefetched blocks are pinned while they load: wait, then they may go.
       Drain();
       continue;
     }
+    if (over_limit) {
+      return absl::ResourceExhaustedError(StrCat(
+          "the expert pool, limited to ", limit_bytes_, " bytes of its ", now.pool_bytes,
+          " (memory budget), cannot hold layer ", info.layer, ", expert ", info.expert,
+          " (a block of ", need, " bytes): ", now.live_bytes,
+          " bytes in use and nothing else to evict"));
+    }
     const memory::BuddyStats s = pool_->expert_allocator().stats();
     return absl::ResourceExhaustedError(StrCat(
         "the expert pool budget of ", s.pool_bytes, " bytes cannot hold layer ", info.layer,
         ", expert ", info.expert, " (", info.runtime_bytes, " bytes, a block of ",
-        BlockBytes(info.runtime_bytes, options_.min_block_bytes), "): ", s.free_bytes,
+        need, "): ", s.free_bytes,
         " bytes free, largest free block ", s.largest_free_block, ", ", s.pinned_blocks,
         " experts pinned and nothing else to evict"));
   }

@@ -35,16 +35,9 @@ int64_t ValueWidth(const format::ModelSpec& spec) {
 }
 
 size_t KvRowSize(backend::KvType type, int64_t width) {
-  const size_t w = static_cast<size_t>(width);
-  switch (type) {
-    case backend::KvType::kF16:
-      return 2 * w;
-    case backend::KvType::kQ8_0:
-      return w / backend::kQ8_0BlockValues * backend::kQ8_0BlockBytes;
-    case backend::KvType::kF32:
-      break;
-  }
-  return 4 * w;
+  // The model checked its widths with KvRowBytes at load.
+  const absl::StatusOr<size_t> bytes = backend::KvRowBytes(type, width);
+  return bytes.ok() ? *bytes : 0;
 }
 
 uint64_t KvCacheBytes(const format::ModelSpec& spec, uint64_t positions, KvTypes types) {
