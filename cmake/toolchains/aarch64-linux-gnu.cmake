@@ -3,7 +3,8 @@
 # unpacked arm64 Debian packages (scripts/arm64-sysroot.sh). qemu gets exactly one C
 # library, the cross toolchain's (-L /usr/aarch64-linux-gnu): mixing it with a
 # multiarch libc6:arm64 hangs pthread_create. The sysroot's shared libraries reach
-# the emulated program through LD_LIBRARY_PATH (qemu -E).
+# the emulated program through LD_LIBRARY_PATH (qemu -E); MOERT_TEST_EMULATED tells
+# tests that need to exec a binary again (threadsafe death tests) that they cannot.
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
@@ -32,4 +33,4 @@ set(CMAKE_SHARED_LINKER_FLAGS_INIT "-Wl,-rpath-link,${_moert_arm64_libs}")
 
 find_program(MOERT_QEMU_AARCH64 NAMES qemu-aarch64-static qemu-aarch64 REQUIRED)
 set(CMAKE_CROSSCOMPILING_EMULATOR
-    "${MOERT_QEMU_AARCH64};-cpu;max;-L;/usr/aarch64-linux-gnu;-E;LD_LIBRARY_PATH=${_moert_arm64_libs}")
+    "${MOERT_QEMU_AARCH64};-cpu;max;-L;/usr/aarch64-linux-gnu;-E;LD_LIBRARY_PATH=${_moert_arm64_libs};-E;MOERT_TEST_EMULATED=qemu-aarch64")

@@ -9,8 +9,8 @@
 
 void moert_q8_quant_ukernel__neon(size_t k, const float* x, moert_a8_block* a) {
   const int8x16_t ones = vdupq_n_s8(1);
-  const int32x4_t lo = vdupq_n_s32(-127);
-  const int32x4_t hi = vdupq_n_s32(127);
+  const int32x4_t q_min = vdupq_n_s32(-127);
+  const int32x4_t q_max = vdupq_n_s32(127);
   for (size_t b = 0; b < k / MOERT_QK; ++b, x += MOERT_QK) {
     float32x4_t v[8];
 #pragma GCC unroll 8
@@ -28,7 +28,7 @@ void moert_q8_quant_ukernel__neon(size_t k, const float* x, moert_a8_block* a) {
     int32x4_t q[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      q[j] = vmaxq_s32(vminq_s32(vcvtnq_s32_f32(vmulq_f32(v[j], vid)), hi), lo);
+      q[j] = vmaxq_s32(vminq_s32(vcvtnq_s32_f32(vmulq_f32(v[j], vid)), q_max), q_min);
     }
     // Keep the low byte of each int32 (within [-127, 127]), as the reference's cast to
     // int8_t does.

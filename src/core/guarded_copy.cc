@@ -110,13 +110,15 @@ bool CopyFromMapping(void* dst, const void* src, size_t n) {
   Guard& g = TakeGuard();
   sigjmp_buf env;
   Arm(g, src, n, &env);
-  bool ok = false;
-  if (sigsetjmp(env, 1) == 0) {
-    Copy(dst, src, n);
-    ok = true;
+  // No local changes between sigsetjmp and a siglongjmp back: such a local's value is
+  // indeterminate after the jump (GCC for aarch64 stores an `ok = true` before the copy).
+  if (sigsetjmp(env, 1) != 0) {
+    Disarm(g);
+    return false;
   }
+  Copy(dst, src, n);
   Disarm(g);
-  return ok;
+  return true;
 }
 
 }  // namespace moert::core
