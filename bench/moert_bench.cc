@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "core/strings.h"
+#include "backend/kv_type.h"
 #include "experts/io_mode.h"
 #include "format/arch.h"
 #include "format/ggml_types.h"
@@ -88,6 +89,10 @@ struct Params {
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
   bool kv_half = false;  // --cache-type f16
+  // The host KV cache's types (-ctk / -ctv, llama-bench's flags); not f32: the CPU only.
+  moert::backend::KvType kv_type_k = moert::backend::KvType::kF32;
+  moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
+  bool mlock = false;  // --mlock: the weights outside the pool locked in RAM
   // The image turn instead of pp/tg (bench/image_bench.h).
   std::string mmproj;
   std::string image;
@@ -127,6 +132,16 @@ struct Flag {
   // Applies the value (empty for a switch); an error message names what is wrong.
   std::function<std::optional<std::string>(std::string_view value, Params& p)> apply;
 };
+
+// A setter for a KV cache type flag (-ctk / -ctv).
+auto KvTypeSetter(moert::backend::KvType Params::*field) {
+  return [=](std::string_view value, Params& p) -> std::optional<std::string> {
+    auto type = moert::backend::ParseKvType(value);
+    if (!type.ok()) return std::string("expected f32, f16 or q8_0");
+    p.*field = *type;
+    return std::nullopt;
+  };
+}
 
 // A setter for an int flag in [min, max]; `what` describes the expected value.
 auto IntSetter(int Params::*field, int min, int max, std::string_view what) {
@@ -275,6 +290,18 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Params& p) -> std::optional<std::string> {
          if (v != "f32" && v != "f16") return std::string("expected f32 or f16");
          p.kv_half = v == "f16";
+         return std::nullopt;
+       }},
+      {"-ctk", "--cache-type-k", "T",
+       "the KV cache's key type on the CPU: f32 (default),\nf16 or q8_0",
+       KvTypeSetter(&Params::kv_type_k)},
+      {"-ctv", "--cache-type-v", "T",
+       "the KV cache's value type on the CPU: f32 (default),\nf16 or q8_0",
+       KvTypeSetter(&Params::kv_type_v)},
+      {"", "--mlock", "",
+       "lock the weights outside the expert pool in RAM",
+       [](std::string_view, Params& p) -> std::optional<std::string> {
+         p.mlock = true;
          return std::nullopt;
        }},
       {"", "--router-alpha", "A",
@@ -433,6 +460,11 @@ std::optional<UsageError> ParseArgs(int argc, char** argv, Params& p, bool* help
   }
   if (p.image.empty() != p.mmproj.empty()) {
     return UsageError{"--image and --mmproj go together"};
+  }
+  if ((p.kv_type_k != moert::backend::KvType::kF32 ||
+       p.kv_type_v != moert::backend::KvType::kF32) &&
+      (p.kv_half || p.backend == moert::model::Backend::kOpenCl)) {
+    return UsageError{"-ctk / -ctv set the CPU's KV cache: not with --backend opencl or --cache-type"};
   }
   if (p.kv_half && p.backend == moert::model::Backend::kCpu) {
     return UsageError{"--cache-type f16 needs --backend opencl or auto (the CPU's cache is f32)"};
@@ -813,7 +845,10 @@ struct RunInfo {
   std::string driver;
   // With an expert pool on OpenCL: where its experts compute (BackendStats).
   std::string pooled_experts;
-  std::string cache_type = "f32";  // the KV cache's: f16 on the device with --cache-type f16
+  // The KV cache's key and value types: f16 on the device with --cache-type f16, else
+  // -ctk / -ctv's.
+  std::string type_k = "f32";
+  std::string type_v = "f32";
 };
 
 std::string JsonString(std::string_view s) {
@@ -874,8 +909,8 @@ class JsonPrinter : public Printer {
         {"model_size", StrCat(info_.model.size)},
         {"model_n_params", StrCat(info_.model.n_params)},
         {"n_threads", StrCat(info_.n_threads)},
-        {"type_k", JsonString(info_.cache_type)},
-        {"type_v", JsonString(info_.cache_type)},
+        {"type_k", JsonString(info_.type_k)},
+        {"type_v", JsonString(info_.type_v)},
         {"n_prompt", StrCat(r.n_prompt)},
         {"n_gen", StrCat(r.n_gen)},
         {"n_depth", StrCat(r.n_depth)},
@@ -1153,6 +1188,9 @@ int Run(const Params& p) {
     options.backend = p.backend;
     options.opencl_pooled_experts = p.pooled_experts;
     options.opencl_kv_half = p.kv_half;
+    options.kv_type_k = p.kv_type_k;
+    options.kv_type_v = p.kv_type_v;
+    options.lock_weights = p.mlock;
     // Each test has its own KV cache, one after the other; --sessions: the budget sets
     // one session's aside, and the pool shrinks for the others' (to its floor).
     options.kv_cache_positions = p.image.empty() ? std::max(p.n_prompt, p.n_gen) : 4096;
@@ -1168,7 +1206,16 @@ int Run(const Params& p) {
     info.device = backend.device;
     info.driver = backend.driver;
     info.pooled_experts = backend.pooled_experts;
-    if (p.kv_half && backend.backend != "CPU") info.cache_type = "f16";
+    info.type_k = std::string(moert::backend::KvTypeName(p.kv_type_k));
+    info.type_v = std::string(moert::backend::KvTypeName(p.kv_type_v));
+    if (p.kv_half && backend.backend != "CPU") info.type_k = info.type_v = "f16";
+    if (p.mlock) {
+      const moert::model::MemoryStats memory = model->memory_stats();
+      std::fprintf(stderr, "%s: mlock: %s\n", kTool,
+                   memory.lock_error.empty()
+                       ? StrCat(memory.locked_bytes, " bytes of weights locked").c_str()
+                       : memory.lock_error.c_str());
+    }
     if (backend.backend != "CPU") {
       std::fprintf(stderr, "%s: backend %s on %s, driver %s\n", kTool, backend.backend.c_str(),
                    backend.device.c_str(), backend.driver.c_str());

@@ -72,6 +72,7 @@ constexpr char kUsage[] =
     "                           buffered or mmap\n"
     "  --no-hot-set             with a pool, do not read or write MODEL.gguf.moert-hot\n"
     "                           (the most used experts, loaded first at start)\n"
+    "  --mlock                  lock the weights outside the expert pool in RAM\n"
     "  --router-alpha A         under memory pressure, lower non-resident experts'\n"
     "                           gate logits by A * pressure (default 1; 0: off)\n"
     "  --dynamic-k P            each token takes the fewest experts whose routing\n"
@@ -130,6 +131,7 @@ struct Args {
   float expert_pool_fraction = 0;
   moert::IoMode io = moert::IoMode::kDirect;
   bool hot_set = true;
+  bool mlock = false;
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
@@ -230,6 +232,8 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       }
     } else if (arg == "--no-hot-set") {
       args->hot_set = false;
+    } else if (arg == "--mlock") {
+      args->mlock = true;
     } else if (arg == "--router-alpha") {
       error = float_flag(&args->router_alpha);
       if (error.empty() && !(args->router_alpha >= 0)) error = bad("a number >= 0");
@@ -467,6 +471,7 @@ int main(int argc, char** argv) {
   options.expert_pool_fraction = args.expert_pool_fraction;
   options.io_mode = args.io;
   options.hot_set = args.hot_set;
+  options.lock_weights = args.mlock;
   options.router_alpha = args.router_alpha;
   options.dynamic_k = args.dynamic_k;
   options.thermal_limit_c = args.thermal_limit;
@@ -497,6 +502,12 @@ int main(int argc, char** argv) {
   if (args.backend_given) {
     const moert::ModelInfo info = runtime->model_info();
     bar.Clear();
+    if (args.mlock) {
+      std::fprintf(stderr, "moert-chat: mlock: %s\n",
+                   info.lock_note.empty()
+                       ? (std::to_string(info.locked_bytes) + " bytes of weights locked").c_str()
+                       : info.lock_note.c_str());
+    }
     if (info.backend == "CPU") {
       std::fprintf(stderr, "moert-chat: backend CPU%s%s\n",
                    info.backend_note.empty() ? "" : ": OpenCL not used: ",

@@ -38,6 +38,7 @@ constexpr char kUsage[] =
     "  -ctk, --cache-type-k T  KV cache type for K: f32 (default), f16, q8_0\n"
     "  -ctv, --cache-type-v T  KV cache type for V: f32 (default), f16, q8_0\n"
     "  --chunks N              score only the first N chunks\n"
+    "  --mlock                 lock the weights outside the expert pool in RAM\n"
     "  --memory-budget-mb N    everything the model may hold, in MiB: the routed\n"
     "                          experts are then loaded on demand into an expert pool\n"
     "  --expert-pool-mb N      an expert pool of N MiB\n"
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   moert::router::RouterOptions router;
   moert::backend::KvType kv_type_k = moert::backend::KvType::kF32;
   moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
+  bool load_options_lock = false;  // --mlock
   float thermal_limit = 0;
   bool prefetch = false;
   int prefetch_depth = 1;
@@ -177,6 +179,8 @@ int main(int argc, char** argv) {
         return Fail(std::string(arg) + " needs on or off, got '" + v + "'");
       }
       prefetch = std::string_view(v) == "on";
+    } else if (arg == "--mlock") {
+      load_options_lock = true;
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
     } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
@@ -226,6 +230,7 @@ int main(int argc, char** argv) {
   load_options.kv_cache_positions = n_ctx;
   load_options.kv_type_k = kv_type_k;
   load_options.kv_type_v = kv_type_v;
+  load_options.lock_weights = load_options_lock;
   load_options.router = router;
   load_options.resource_monitor.thermal_limit_c = thermal_limit;
   load_options.prefetch = prefetch;
@@ -281,6 +286,14 @@ int main(int argc, char** argv) {
                result->n_chunks, static_cast<long long>(result->n_scored), seconds,
                static_cast<double>(result->n_chunks) * n_ctx / seconds);
   const moert::model::MemoryStats memory = (*model)->memory_stats();
+  if (load_options_lock) {
+    if (memory.lock_error.empty()) {
+      std::fprintf(stderr, "moert-perplexity: mlock: %llu bytes of weights locked\n",
+                   static_cast<unsigned long long>(memory.locked_bytes));
+    } else {
+      std::fprintf(stderr, "moert-perplexity: mlock: %s\n", memory.lock_error.c_str());
+    }
+  }
   if (memory.expert_pool) {
     const moert::experts::ExpertCacheStats& pool = memory.pool;
     std::fprintf(stderr,

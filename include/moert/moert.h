@@ -319,6 +319,16 @@ MOERT_API moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_i
  * loaded first at the next start. */
 MOERT_API moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled);
 
+/** For the models loaded from now on: mlock the weights outside the expert pool
+ * (non-zero `enabled`; llama.cpp's --mlock), best effort: a lock the system refuses
+ * leaves them unlocked. Off by default. */
+MOERT_API moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled);
+
+/** For the models loaded from now on: the longest a step waits for the loader thread,
+ * in milliseconds (default 1000); past it the step reads the expert itself and counts
+ * the timeout. MOERT_INVALID_ARGUMENT below 1. */
+MOERT_API moert_status moert_runtime_set_loader_deadline(moert_runtime* runtime, int32_t ms);
+
 /** Writes the loaded model's hot set now (MOERT_OK and nothing written without an
  * expert pool or with the hot set off). MOERT_FAILED_PRECONDITION when no model is
  * loaded. */

@@ -132,6 +132,14 @@ struct RuntimeOptions {
   // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
   // SaveHotSet, and loaded first at the next start.
   bool hot_set = true;
+  // mlock the weights outside the expert pool (llama.cpp's --mlock), so that memory
+  // pressure never pages them out. Best effort: when the system refuses (RLIMIT_MEMLOCK),
+  // the model loads unlocked and ModelInfo::lock_note says why.
+  bool lock_weights = false;
+  // With an expert pool: the longest a step waits on the loader thread for an expert
+  // (or for room in its queue), in milliseconds; past it the step reads the expert
+  // itself and the timeout is counted. At least 1.
+  int loader_wait_deadline_ms = 1000;
 
   // Routing (mixture-of-experts models). While the experts a token wants fit in the
   // pool, routing is the model's own, bit for bit.
@@ -209,6 +217,9 @@ struct ModelInfo {
   // With an expert pool on OpenCL, where the pooled experts compute: "device
   // (zero-copy)", "device (copied per load)" or "host: <why>"; empty otherwise.
   std::string pooled_experts;
+  // With RuntimeOptions::lock_weights: the bytes mlocked, or why none are.
+  int64_t locked_bytes = 0;
+  std::string lock_note;
   // With a vision projector (MoERuntime::LoadMmproj): its file, its MiniCPM-V version
   // (2: 2.5, 3: 2.6, 4: o 2.6) and the image positions one slice takes; empty / 0
   // without.

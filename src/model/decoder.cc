@@ -235,6 +235,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     loader.set_release_pages(true);
   }
   MOERT_RETURN_IF_ERROR(LoadTensors(loader));
+  if (options.lock_weights) weight_lock_.Lock(DenseWeightRanges(Weights()));
   if (expert_cache_ != nullptr) {
     moe_services_.cache = expert_cache_.get();
     if (options.hot_set) {
@@ -473,6 +474,8 @@ void DecoderModel::ApplyMemoryLimits(bool drop_unused) {
 
 MemoryStats DecoderModel::memory_stats() const {
   MemoryStats stats = memory_;
+  stats.locked_bytes = weight_lock_.locked_bytes();
+  stats.lock_error = weight_lock_.error();
   if (budget_ != nullptr) stats.ledger = budget_->stats();
   if (expert_cache_ != nullptr) {
     stats.pool = expert_cache_->stats();

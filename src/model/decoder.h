@@ -27,6 +27,7 @@
 #include "model/kv_cache.h"
 #include "model/layers.h"
 #include "model/model.h"
+#include "model/weight_lock.h"
 #include "model/weights.h"
 #include "pipeline/moe_scheduler.h"
 #include "pipeline/prefetcher.h"
@@ -99,6 +100,7 @@ class DecoderModel final : public Model {
   Matrix output_;                  // empty when tied to token_embd_
   std::vector<float> rope_freqs_;  // empty when absent
   std::vector<LayerWeights> layers_;
+  WeightLock weight_lock_;  // after the weights: unlocked before they are freed
   std::function<void(int, int64_t, const float*)> ffn_input_observer_;
   // With a budget or a pool: its sizing (the pool's live figures come from the cache).
   MemoryStats memory_;

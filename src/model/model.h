@@ -155,6 +155,10 @@ struct ModelLoadOptions {
   // else InvalidArgument.
   bool prefetch = false;
   int prefetch_depth = 1;
+  // mlock the weights outside the expert pool (llama.cpp's --mlock): the kernel never
+  // pages them out under pressure. Best effort: a refused lock leaves them unlocked and
+  // MemoryStats::lock_error says why.
+  bool lock_weights = false;
 
   // --- Routing (MoE models; router/router.h). The defaults change nothing while the
   // working set fits the pool: outputs are then those of the reference routing.
@@ -239,6 +243,8 @@ struct MemoryStats {
   bool prefetch = false;          // prefetch of predicted experts is on
   int prefetch_depth = 0;
   pipeline::PrefetchStats prefetcher;  // prediction precision / recall, loads started
+  uint64_t locked_bytes = 0;      // weights mlocked (ModelLoadOptions::lock_weights)
+  std::string lock_error;         // why the lock asked for is not in force; empty when it is
 };
 
 enum class LogitsFor {

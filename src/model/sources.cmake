@@ -2,6 +2,7 @@
 list(APPEND MOERT_SOURCES
   model/model.cc
   model/weights.cc
+  model/weight_lock.cc
   model/decoder.cc
   model/kv_cache.cc
   model/graph.cc

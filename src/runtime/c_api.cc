@@ -556,6 +556,16 @@ moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled) {
                    [&](moert::RuntimeOptions& o) { o.hot_set = enabled != 0; });
 }
 
+moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled) {
+  return SetOption(runtime, "moert_runtime_set_mlock",
+                   [&](moert::RuntimeOptions& o) { o.lock_weights = enabled != 0; });
+}
+
+moert_status moert_runtime_set_loader_deadline(moert_runtime* runtime, int32_t ms) {
+  return SetOption(runtime, "moert_runtime_set_loader_deadline",
+                   [&](moert::RuntimeOptions& o) { o.loader_wait_deadline_ms = ms; });
+}
+
 moert_status moert_runtime_save_hot_set(moert_runtime* runtime) {
   constexpr char kName[] = "moert_runtime_save_hot_set";
   if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");

@@ -137,6 +137,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.kv_type_v = backend::ParseKvType(options.cache_type_v).value_or(backend::KvType::kF32);
   load_options.expert_pool_floor_bytes = static_cast<uint64_t>(options.expert_pool_floor_bytes);
   load_options.prefetch = options.prefetch;
+  load_options.lock_weights = options.lock_weights;
+  load_options.expert_cache.loader.wait_deadline_ms =
+      static_cast<uint32_t>(options.loader_wait_deadline_ms);  // checked by CheckOptions
   load_options.prefetch_depth = options.prefetch_depth;
   load_options.backend = options.backend == Backend::kOpenCl ? model::Backend::kOpenCl
                          : options.backend == Backend::kAuto ? model::Backend::kAuto
@@ -183,6 +186,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   info.driver = backend.driver;
   info.backend_note = backend.cpu_reason;
   info.pooled_experts = backend.pooled_experts;
+  const model::MemoryStats memory = loaded->model->memory_stats();
+  info.locked_bytes = static_cast<int64_t>(memory.locked_bytes);
+  info.lock_note = memory.lock_error;
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   reporter.Done();
@@ -278,6 +284,11 @@ Status CheckOptions(RuntimeOptions* options) {
                     StrCat(type == &options->cache_type_k ? "cache_type_k" : "cache_type_v", ": ",
                            parsed.status().message()));
     }
+  }
+  if (options->loader_wait_deadline_ms < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("loader_wait_deadline_ms must be >= 1 (a wait always has a deadline), got ",
+                         options->loader_wait_deadline_ms));
   }
   if (options->expert_pool_floor_bytes < 0) {
     return Status(StatusCode::kInvalidArgument,
