@@ -1,7 +1,6 @@
 // Fills the per-family kernel configs from the CPU's features (see config.h).
 #include "kernels/config.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -12,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "core/strings.h"
+#include "telemetry/platform.h"
 
 #if defined(MOERT_KERNELS_AVX2)
 #include "kernels/ukernels-avx2.h"
@@ -176,11 +176,12 @@ KernelConfig DefaultConfig() {
   if (forced != nullptr && forced[0] != '\0') {
     absl::StatusOr<Isa> isa = ParseIsa(forced);
     if (!isa.ok()) {
-      std::fprintf(stderr, "moert: ignoring MOERT_ISA: %s\n",
-                   std::string(isa.status().message()).c_str());
+      telemetry::Log(telemetry::LogLevel::kWarning,
+                     StrCat("ignoring MOERT_ISA: ", isa.status().message()));
     } else if (!IsaAvailable(*isa)) {
-      std::fprintf(stderr, "moert: ignoring MOERT_ISA=%s: %s\n", forced,
-                   IsaBuilt(*isa) ? "this CPU cannot run it" : "not in this build");
+      telemetry::Log(telemetry::LogLevel::kWarning,
+                     StrCat("ignoring MOERT_ISA=", forced, ": ",
+                            IsaBuilt(*isa) ? "this CPU cannot run it" : "not in this build"));
     } else {
       return BuildConfig(*isa);
     }

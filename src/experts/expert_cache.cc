@@ -11,15 +11,12 @@
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "telemetry/platform.h"
 
 namespace moert::experts {
 namespace {
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
+using telemetry::NowNs;
 
 }  // namespace
 

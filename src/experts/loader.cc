@@ -20,6 +20,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "experts/checksum.h"
+#include "telemetry/platform.h"
 
 namespace moert::experts {
 
@@ -79,11 +80,7 @@ int64_t PreadAtLeast(int fd, uint8_t* buf, uint64_t want, uint64_t need, uint64_
   return static_cast<int64_t>(done);
 }
 
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
+using telemetry::NowNs;
 
 }  // namespace
 

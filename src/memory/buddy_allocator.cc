@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
 #include "core/strings.h"
+#include "telemetry/platform.h"
 
 namespace moert::memory {
 namespace {
@@ -225,8 +225,8 @@ uint32_t BuddyAllocator::LiveUnit(uint64_t offset) const {
 
 void BuddyAllocator::ReportMisuse(const char* what, uint64_t offset) {
 #ifndef NDEBUG
-  std::fprintf(stderr, "moert::memory::BuddyAllocator: %s at offset %llu\n", what,
-               static_cast<unsigned long long>(offset));
+  telemetry::Log(telemetry::LogLevel::kError,
+                 StrCat("BuddyAllocator: ", what, " at offset ", offset));
   std::abort();
 #else
   (void)what;

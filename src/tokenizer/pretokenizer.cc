@@ -21,7 +21,6 @@
 
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <span>
 #include <string>
@@ -32,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/strings.h"
+#include "telemetry/platform.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
 
@@ -134,8 +134,9 @@ const std::vector<Regex>& CompiledExpressionsOf(PreTokenizer kind) {
       for (const std::string_view expression : ExpressionsOf(static_cast<PreTokenizer>(k))) {
         absl::StatusOr<Regex> regex = Regex::Compile(expression);
         if (!regex.ok()) {
-          std::fprintf(stderr, "moert: pre-tokenizer expression does not compile: %s\n",
-                       regex.status().ToString().c_str());
+          telemetry::Log(telemetry::LogLevel::kError,
+                         StrCat("pre-tokenizer expression does not compile: ",
+                                regex.status().ToString()));
           std::abort();
         }
         (*compiled)[k].push_back(*std::move(regex));
