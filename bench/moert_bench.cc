@@ -93,6 +93,7 @@ struct Params {
   moert::backend::KvType kv_type_k = moert::backend::KvType::kF32;
   moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
   bool mlock = false;  // --mlock: the weights outside the pool locked in RAM
+  std::string cache_dir;  // --cache-dir: OpenCL program binaries
   // The image turn instead of pp/tg (bench/image_bench.h).
   std::string mmproj;
   std::string image;
@@ -302,6 +303,12 @@ const std::vector<Flag>& Flags() {
        "lock the weights outside the expert pool in RAM",
        [](std::string_view, Params& p) -> std::optional<std::string> {
          p.mlock = true;
+         return std::nullopt;
+       }},
+      {"", "--cache-dir", "DIR",
+       "where OpenCL program binaries are kept (default\n$XDG_CACHE_HOME/moert or ~/.cache/moert)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.cache_dir = std::string(v);
          return std::nullopt;
        }},
       {"", "--router-alpha", "A",
@@ -1191,6 +1198,7 @@ int Run(const Params& p) {
     options.kv_type_k = p.kv_type_k;
     options.kv_type_v = p.kv_type_v;
     options.lock_weights = p.mlock;
+    options.cache_dir = p.cache_dir;
     // Each test has its own KV cache, one after the other; --sessions: the budget sets
     // one session's aside, and the pool shrinks for the others' (to its floor).
     options.kv_cache_positions = p.image.empty() ? std::max(p.n_prompt, p.n_gen) : 4096;

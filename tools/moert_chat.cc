@@ -73,6 +73,8 @@ constexpr char kUsage[] =
     "  --no-hot-set             with a pool, do not read or write MODEL.gguf.moert-hot\n"
     "                           (the most used experts, loaded first at start)\n"
     "  --mlock                  lock the weights outside the expert pool in RAM\n"
+    "  --cache-dir DIR          where the hot set and OpenCL binaries are kept\n"
+    "                           (default $XDG_CACHE_HOME/moert or ~/.cache/moert)\n"
     "  --router-alpha A         under memory pressure, lower non-resident experts'\n"
     "                           gate logits by A * pressure (default 1; 0: off)\n"
     "  --dynamic-k P            each token takes the fewest experts whose routing\n"
@@ -132,6 +134,7 @@ struct Args {
   moert::IoMode io = moert::IoMode::kDirect;
   bool hot_set = true;
   bool mlock = false;
+  std::string cache_dir;
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
@@ -234,6 +237,9 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       args->hot_set = false;
     } else if (arg == "--mlock") {
       args->mlock = true;
+    } else if (arg == "--cache-dir") {
+      if (!value(&v)) return need("a DIR");
+      args->cache_dir = std::string(v);
     } else if (arg == "--router-alpha") {
       error = float_flag(&args->router_alpha);
       if (error.empty() && !(args->router_alpha >= 0)) error = bad("a number >= 0");
@@ -472,6 +478,7 @@ int main(int argc, char** argv) {
   options.io_mode = args.io;
   options.hot_set = args.hot_set;
   options.lock_weights = args.mlock;
+  options.cache_dir = args.cache_dir;
   options.router_alpha = args.router_alpha;
   options.dynamic_k = args.dynamic_k;
   options.thermal_limit_c = args.thermal_limit;

@@ -39,6 +39,7 @@ constexpr char kUsage[] =
     "  -ctv, --cache-type-v T  KV cache type for V: f32 (default), f16, q8_0\n"
     "  --chunks N              score only the first N chunks\n"
     "  --mlock                 lock the weights outside the expert pool in RAM\n"
+    "  --cache-dir DIR         where OpenCL program binaries are kept\n"
     "  --memory-budget-mb N    everything the model may hold, in MiB: the routed\n"
     "                          experts are then loaded on demand into an expert pool\n"
     "  --expert-pool-mb N      an expert pool of N MiB\n"
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
   moert::backend::KvType kv_type_k = moert::backend::KvType::kF32;
   moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
   bool load_options_lock = false;  // --mlock
+  std::string cache_dir;           // --cache-dir
   float thermal_limit = 0;
   bool prefetch = false;
   int prefetch_depth = 1;
@@ -181,6 +183,10 @@ int main(int argc, char** argv) {
       prefetch = std::string_view(v) == "on";
     } else if (arg == "--mlock") {
       load_options_lock = true;
+    } else if (arg == "--cache-dir") {
+      const char* v = value("a DIR");
+      if (v == nullptr) return 1;
+      cache_dir = v;
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
     } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
@@ -231,6 +237,7 @@ int main(int argc, char** argv) {
   load_options.kv_type_k = kv_type_k;
   load_options.kv_type_v = kv_type_v;
   load_options.lock_weights = load_options_lock;
+  load_options.cache_dir = cache_dir;
   load_options.router = router;
   load_options.resource_monitor.thermal_limit_c = thermal_limit;
   load_options.prefetch = prefetch;

@@ -319,6 +319,12 @@ MOERT_API moert_status moert_runtime_set_io_mode(moert_runtime* runtime, moert_i
  * loaded first at the next start. */
 MOERT_API moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled);
 
+/** For the models loaded from now on: where moert keeps files between runs (the hot
+ * set, OpenCL program binaries), made when first written; an Android app passes its
+ * cache directory. NULL or "": $XDG_CACHE_HOME/moert, else $HOME/.cache/moert (with
+ * neither, no hot set). Nothing is written beside the model. */
+MOERT_API moert_status moert_runtime_set_cache_dir(moert_runtime* runtime, const char* dir);
+
 /** For the models loaded from now on: mlock the weights outside the expert pool
  * (non-zero `enabled`; llama.cpp's --mlock), best effort: a lock the system refuses
  * leaves them unlocked. Off by default. */

@@ -128,10 +128,17 @@ struct RuntimeOptions {
   // CPU backend. InvalidArgument naming the choices otherwise.
   std::string cache_type_k = "f32";
   std::string cache_type_v = "f32";
-  // With an expert pool: the most used experts are written beside the model
-  // (MODEL.gguf.moert-hot) when a session ends, when the model is unloaded and by
-  // SaveHotSet, and loaded first at the next start.
+  // With an expert pool: the most used experts are written to
+  // CACHE_DIR/hot/MODEL.gguf.moert-hot when a session ends, when the model is unloaded
+  // and by SaveHotSet, and loaded first at the next start. A failed write is returned
+  // by SaveHotSet and logged (telemetry's log sink) when a session ends or the model
+  // is unloaded; ModelInfo::hot_set_path says where it goes.
   bool hot_set = true;
+  // Where moert keeps files between runs: the hot set (CACHE_DIR/hot) and OpenCL
+  // program binaries (CACHE_DIR/opencl); an Android app passes its getCacheDir(). Made
+  // when first written. Empty: $XDG_CACHE_HOME/moert, else $HOME/.cache/moert; with
+  // neither set, no hot set. Nothing is ever written beside the model.
+  std::string cache_dir;
   // mlock the weights outside the expert pool (llama.cpp's --mlock), so that memory
   // pressure never pages them out. Best effort: when the system refuses (RLIMIT_MEMLOCK),
   // the model loads unlocked and ModelInfo::lock_note says why.
@@ -217,6 +224,9 @@ struct ModelInfo {
   // With an expert pool on OpenCL, where the pooled experts compute: "device
   // (zero-copy)", "device (copied per load)" or "host: <why>"; empty otherwise.
   std::string pooled_experts;
+  // With an expert pool and the hot set on: its file (empty: no hot set, as when no
+  // cache directory is known).
+  std::string hot_set_path;
   // With RuntimeOptions::lock_weights: the bytes mlocked, or why none are.
   int64_t locked_bytes = 0;
   std::string lock_note;

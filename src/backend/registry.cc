@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateOpenCl(const BackendOptions& opti
   opencl::OpenClBackendOptions cl;
   cl.require_gpu = options.require_gpu;
   cl.allow_cpu_device = options.allow_cpu_device;
+  if (!options.cache_dir.empty()) cl.device.cache_dir = options.cache_dir + "/opencl";
   return opencl::OpenOpenClBackend(cl);
 }
 #endif

@@ -17,6 +17,9 @@ struct BackendOptions {
   int threads = 1;                // the CPU backend's threads (0: one per core)
   bool require_gpu = false;       // a device backend: only a GPU
   bool allow_cpu_device = false;  // a device backend: a CPU device will do (PoCL in tests)
+  // Where a device backend keeps files between runs (OpenCL program binaries under
+  // CACHE_DIR/opencl); empty: core::DefaultCacheDir().
+  std::string cache_dir;
 };
 
 struct BackendEntry {

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "core/cache_dir.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "experts/expert_directory.h"
@@ -151,6 +154,7 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
     backend::BackendOptions open;
     open.require_gpu = is_auto;
     open.allow_cpu_device = options.opencl_allow_cpu_device;
+    open.cache_dir = options.cache_dir;
     device = backend::CreateBackend("opencl", open);
     if (!device.ok() && absl::IsNotFound(device.status())) {
       device = absl::FailedPreconditionError(
@@ -239,8 +243,16 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
   if (expert_cache_ != nullptr) {
     moe_services_.cache = expert_cache_.get();
     if (options.hot_set) {
-      hot_set_path_ = options.hot_set_path.empty() ? experts::HotSetPath(file.name())
-                                                   : options.hot_set_path;
+      hot_set_path_ = options.hot_set_path;
+      if (hot_set_path_.empty()) {
+        const std::string dir = core::CacheDirOr(options.cache_dir);
+        if (!dir.empty()) {
+          hot_set_path_ = StrCat(
+              dir, "/hot/",
+              experts::HotSetPath(std::filesystem::path(file.name()).filename().string()));
+        }
+      }
+      memory_.hot_set_path = hot_set_path_;
       const experts::ExpertDirectory& dir = expert_cache_->directory();
       auto hot = experts::ReadHotSet(hot_set_path_,
                                      {dir.file_size(), dir.n_layer(), dir.n_expert()});
@@ -475,6 +487,10 @@ void DecoderModel::ApplyMemoryLimits(bool drop_unused) {
 MemoryStats DecoderModel::memory_stats() const {
   MemoryStats stats = memory_;
   stats.locked_bytes = weight_lock_.locked_bytes();
+  {
+    std::lock_guard<std::mutex> lock(hot_set_mutex_);
+    stats.hot_set_error = hot_set_error_;
+  }
   stats.lock_error = weight_lock_.error();
   if (budget_ != nullptr) stats.ledger = budget_->stats();
   if (expert_cache_ != nullptr) {
@@ -493,8 +509,16 @@ MemoryStats DecoderModel::memory_stats() const {
 absl::Status DecoderModel::SaveHotSet() {
   if (expert_cache_ == nullptr || hot_set_path_.empty()) return absl::OkStatus();
   const experts::ExpertDirectory& dir = expert_cache_->directory();
-  return experts::WriteHotSet(hot_set_path_, {dir.file_size(), dir.n_layer(), dir.n_expert()},
-                              expert_cache_->HotExperts(expert_cache_->stats().capacity_experts));
+  absl::Status status =
+      core::EnsureDirectory(std::filesystem::path(hot_set_path_).parent_path().string());
+  if (status.ok()) {
+    status = experts::WriteHotSet(
+        hot_set_path_, {dir.file_size(), dir.n_layer(), dir.n_expert()},
+        expert_cache_->HotExperts(expert_cache_->stats().capacity_experts));
+  }
+  std::lock_guard<std::mutex> lock(hot_set_mutex_);
+  hot_set_error_ = status.ok() ? std::string() : std::string(status.message());
+  return status;
 }
 
 absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <span>
@@ -109,6 +110,8 @@ class DecoderModel final : public Model {
   std::shared_ptr<memory::MemoryBudget> budget_;
   KvTypes kv_types_;  // ModelLoadOptions::kv_type_k / kv_type_v
   std::string hot_set_path_;  // empty: no hot set
+  mutable std::mutex hot_set_mutex_;
+  std::string hot_set_error_;  // the last SaveHotSet's failure (hot_set_mutex_)
   // MoE models: the router and what it knows of the device (null: reference routing).
   std::unique_ptr<router::ResourceMonitor> monitor_;
   std::unique_ptr<router::Router> router_;

@@ -142,9 +142,13 @@ struct ModelLoadOptions {
   uint64_t expert_pool_floor_bytes = 0;
   // The hot set (experts/hot_set.h): with a pool, read at load (its experts are loaded
   // first, up to the pool's size) and written by Model::SaveHotSet. `hot_set_path`
-  // empty: MODEL.gguf.moert-hot beside the model file.
+  // empty: CACHE_DIR/hot/MODEL.gguf.moert-hot (core/cache_dir.h); with no cache
+  // directory at all (neither `cache_dir` nor a default), no hot set.
   bool hot_set = false;
   std::string hot_set_path;
+  // Where the files kept between runs go (the hot set, OpenCL program binaries);
+  // empty: core::DefaultCacheDir(). Never beside the model unless hot_set_path says so.
+  std::string cache_dir;
   // The expert cache's tuning (tests); pool_bytes and the loader's mode are set from
   // the fields above.
   experts::ExpertCacheOptions expert_cache;
@@ -239,6 +243,8 @@ struct MemoryStats {
   std::string io_mode;            // in force ("direct", "buffered", "mmap")
   std::string io_fallback;        // why it is not the one asked for; empty when it is
   uint64_t hot_set_preloaded = 0; // experts the hot set loaded at start
+  std::string hot_set_path;       // the hot set's file; empty: no hot set
+  std::string hot_set_error;      // why the last SaveHotSet failed; empty when it did not
   experts::ExpertCacheStats pool; // the pool now and its counters
   bool prefetch = false;          // prefetch of predicted experts is on
   int prefetch_depth = 0;

@@ -556,6 +556,12 @@ moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int enabled) {
                    [&](moert::RuntimeOptions& o) { o.hot_set = enabled != 0; });
 }
 
+moert_status moert_runtime_set_cache_dir(moert_runtime* runtime, const char* dir) {
+  return SetOption(runtime, "moert_runtime_set_cache_dir", [&](moert::RuntimeOptions& o) {
+    o.cache_dir = dir != nullptr ? dir : "";
+  });
+}
+
 moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled) {
   return SetOption(runtime, "moert_runtime_set_mlock",
                    [&](moert::RuntimeOptions& o) { o.lock_weights = enabled != 0; });

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/strings.h"
 #include "model/chat_template.h"
 #include "model/model.h"
 #include "moert/runtime.h"
 #include "runtime/vision.h"
+#include "telemetry/platform.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/image_embedding.h"
 
@@ -32,7 +34,16 @@ struct LoadedModel {
       : model(std::move(m)), tokenizer(std::move(t)) {}
   // Unloading saves the hot set (a no-op without an expert pool or with hot_set off).
   ~LoadedModel() {
-    if (model != nullptr) (void)model->SaveHotSet();
+    if (model != nullptr) SaveHotSetOrLog();
+  }
+  // Writes the hot set where nobody can take the error back (a session's end, an
+  // unload): a failure goes to the log.
+  void SaveHotSetOrLog() {
+    const absl::Status status = model->SaveHotSet();
+    if (!status.ok()) {
+      telemetry::Log(telemetry::LogLevel::kWarning,
+                     StrCat("the hot set was not saved: ", status.message()));
+    }
   }
   LoadedModel(const LoadedModel&) = delete;
   LoadedModel& operator=(const LoadedModel&) = delete;

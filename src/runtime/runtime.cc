@@ -126,6 +126,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   load_options.expert_pool_fraction = options.expert_pool_fraction;
   load_options.io_mode = ToExpertsIoMode(options.io_mode);
   load_options.hot_set = options.hot_set;
+  load_options.cache_dir = options.cache_dir;
   load_options.router.alpha = options.router_alpha;
   load_options.router.dynamic_k_p = options.dynamic_k;
   load_options.resource_monitor.thermal_limit_c = options.thermal_limit_c;
@@ -188,6 +189,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   info.pooled_experts = backend.pooled_experts;
   const model::MemoryStats memory = loaded->model->memory_stats();
   info.locked_bytes = static_cast<int64_t>(memory.locked_bytes);
+  info.hot_set_path = memory.hot_set_path;
   info.lock_note = memory.lock_error;
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -396,7 +396,7 @@ Session::Impl::~Impl() {
     std::erase(model_->sessions, this);
   }
   std::lock_guard<std::mutex> lock(model_->forward_mutex);
-  (void)model_->model->SaveHotSet();
+  model_->SaveHotSetOrLog();
 }
 
 bool Session::Impl::ReleaseIfIdle() {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -289,6 +290,44 @@ TEST(ExpertPool, HotSetIsSavedAndLoadedFirst) {
   EXPECT_TRUE(SameBits(got.decode, Reference(name).decode));
   EXPECT_GT(model->memory_stats().pool.hits, 0u);
   std::filesystem::remove_all(dir);
+}
+
+// Without hot_set_path the hot set lives in the cache directory, under hot/, named
+// after the model file; with no cache directory at all there is none, and saving it
+// writes nothing.
+TEST(ExpertPool, HotSetGoesToTheCacheDirectoryOrNowhere) {
+  const std::string dir =
+      ::testing::TempDir() + "/moert-expert-pool-cache-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  ModelLoadOptions options = Options();
+  options.expert_pool_fraction = 0.5;
+  options.hot_set = true;
+  options.cache_dir = dir;
+  {
+    std::unique_ptr<Model> model = Load("tiny-moe-shakespeare-q4_0.gguf", options);
+    ASSERT_NE(model, nullptr);
+    EXPECT_EQ(model->memory_stats().hot_set_path,
+              dir + "/hot/tiny-moe-shakespeare-q4_0.gguf.moert-hot");
+    Generate(*model);
+    ASSERT_TRUE(model->SaveHotSet().ok());
+    EXPECT_TRUE(std::filesystem::exists(model->memory_stats().hot_set_path));
+    EXPECT_EQ(model->memory_stats().hot_set_error, "");
+  }
+  std::filesystem::remove_all(dir);
+
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string saved_xdg = xdg != nullptr ? xdg : "", saved_home = home != nullptr ? home : "";
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("HOME");
+  options.cache_dir.clear();
+  std::unique_ptr<Model> model = Load("tiny-moe-shakespeare-q4_0.gguf", options);
+  if (xdg != nullptr) ::setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  if (home != nullptr) ::setenv("HOME", saved_home.c_str(), 1);
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->memory_stats().hot_set_path, "");
+  Generate(*model);
+  EXPECT_TRUE(model->SaveHotSet().ok());
 }
 
 }  // namespace

@@ -294,6 +294,8 @@ int main(int argc, char** argv) {
     CHECK(strstr(moert_last_error(runtime), "loader_wait_deadline_ms") != NULL);
     CHECK_STATUS(moert_runtime_set_loader_deadline(runtime, 250), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_mlock(NULL, 1), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_cache_dir(NULL, "/tmp"), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_cache_dir(runtime, NULL), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_mlock(runtime, 1), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_io_mode(runtime, MOERT_IO_BUFFERED), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.25), MOERT_OK);

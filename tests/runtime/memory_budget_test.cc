@@ -258,17 +258,21 @@ TEST(MemoryBudgetTest, HotSetIsWrittenOnUnloadAndReadAtLoad) {
   RuntimeOptions options = Options();
   options.hot_set = true;
   options.expert_pool_fraction = 0.5;
+  options.cache_dir = dir + "/cache";  // made when first written
+  const std::string hot = dir + "/cache/hot/tiny.gguf.moert-hot";
   std::vector<int32_t> first;
   double cold_hit_rate = 0;
   {
     auto runtime = Loaded(options, model);
     ASSERT_NE(runtime, nullptr);
+    EXPECT_EQ(runtime->model_info().hot_set_path, hot);
     first = GreedyTokens(*runtime, 16);
     cold_hit_rate = runtime->Stats().expert_hit_rate;
-    EXPECT_FALSE(std::filesystem::exists(model + ".moert-hot"));
+    EXPECT_FALSE(std::filesystem::exists(hot));
   }
-  ASSERT_TRUE(std::filesystem::exists(model + ".moert-hot"));
-  std::ifstream in(model + ".moert-hot");
+  ASSERT_TRUE(std::filesystem::exists(hot));
+  EXPECT_FALSE(std::filesystem::exists(model + ".moert-hot"));  // never beside the model
+  std::ifstream in(hot);
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
   EXPECT_EQ(line, "moert-hot 1");
@@ -278,6 +282,31 @@ TEST(MemoryBudgetTest, HotSetIsWrittenOnUnloadAndReadAtLoad) {
   EXPECT_EQ(GreedyTokens(*runtime, 16), first);
   EXPECT_GT(runtime->Stats().expert_hit_rate, cold_hit_rate);
   EXPECT_TRUE(runtime->SaveHotSet().ok());
+  runtime.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A cache directory that cannot be made (a file stands where it would go): SaveHotSet
+// says so naming it, and the model goes on generating what it would have.
+TEST(MemoryBudgetTest, AnUnwritableCacheDirIsAnErrorNotSilence) {
+  const std::string dir =
+      ::testing::TempDir() + "/moert-memory-budget-nocache-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/file") << "not a directory";
+  RuntimeOptions options = Options();
+  options.hot_set = true;
+  options.expert_pool_fraction = 0.5;
+  options.cache_dir = dir + "/file/cache";
+  options.router_alpha = 0;  // routing independent of residency: the same tokens again
+  auto runtime = Loaded(options, kQ4Model);
+  ASSERT_NE(runtime, nullptr);
+  const std::vector<int32_t> first = GreedyTokens(*runtime, 8);
+  const Status status = runtime->SaveHotSet();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_NE(status.message().find(dir + "/file/cache/hot"), std::string::npos)
+      << status.ToString();
+  EXPECT_EQ(GreedyTokens(*runtime, 8), first);
   runtime.reset();
   std::filesystem::remove_all(dir);
 }

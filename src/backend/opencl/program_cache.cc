@@ -17,6 +17,7 @@
 #include "backend/opencl/device.h"
 #include "backend/opencl/embedded_sources.h"
 #include "core/status.h"
+#include "core/cache_dir.h"
 #include "core/strings.h"
 
 namespace moert::backend::opencl {
@@ -57,13 +58,8 @@ std::string BuildLog(cl_program program, cl_device_id device) {
 }  // namespace
 
 std::string DefaultCacheDir() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
-    return StrCat(xdg, "/moert/opencl");
-  }
-  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
-    return StrCat(home, "/.cache/moert/opencl");
-  }
-  return "";
+  const std::string dir = core::DefaultCacheDir();
+  return dir.empty() ? dir : StrCat(dir, "/opencl");
 }
 
 ProgramCache::ProgramCache(cl_context context, cl_device_id device, const DeviceInfo& info,

@@ -58,8 +58,8 @@ class ProgramCache {
   std::map<std::pair<cl_program, std::string>, cl_kernel> kernels_;
 };
 
-// The default cache directory: $XDG_CACHE_HOME/moert/opencl, else
-// $HOME/.cache/moert/opencl; empty when neither variable is set.
+// The default cache directory: core::DefaultCacheDir()/opencl ($XDG_CACHE_HOME/moert/
+// opencl, else $HOME/.cache/moert/opencl); empty when neither variable is set.
 std::string DefaultCacheDir();
 
 }  // namespace moert::backend::opencl
