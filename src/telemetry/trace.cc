@@ -124,8 +124,7 @@ void Record(const TraceEvent& event) {
 }
 
 // An event of the calling thread at NowNs().
-TraceEvent MakeEvent(TraceEvent::Phase phase, const char* name, const char* arg_name,
-                     int64_t arg) {
+TraceEvent MakeEvent(TraceEvent::Phase phase, const char* name, const char* arg_name, int64_t arg) {
   TraceEvent e;
   e.phase = phase;
   e.name = name;
@@ -299,8 +298,8 @@ absl::Status TraceFile::Finish() {
   return WriteTraceFile(path_);
 }
 
-uint64_t TraceAsyncBegin(const char* name, const char* category, const char* arg_name,
-                         int64_t arg, const char* arg2_name, int64_t arg2) {
+uint64_t TraceAsyncBegin(const char* name, const char* category, const char* arg_name, int64_t arg,
+                         const char* arg2_name, int64_t arg2) {
   if (!TracingEnabled()) return 0;
   TraceEvent e = MakeEvent(TraceEvent::Phase::kAsyncBegin, name, arg_name, arg);
   e.category = category;

@@ -33,7 +33,7 @@ struct TraceEvent {
     kComplete = 'X',    // ts..ts+dur on the recording thread
     kAsyncBegin = 'b',  // id on the track `category`, ended by a kAsyncEnd of the same id
     kAsyncEnd = 'e',
-    kInstant = 'i',     // a point in time (a decision)
+    kInstant = 'i',  // a point in time (a decision)
   };
   const char* name = "";
   const char* category = "moert";
@@ -75,9 +75,7 @@ namespace trace_internal {
 extern std::atomic<bool> g_enabled;
 }  // namespace trace_internal
 
-inline bool TracingEnabled() {
-  return trace_internal::g_enabled.load(std::memory_order_relaxed);
-}
+inline bool TracingEnabled() { return trace_internal::g_enabled.load(std::memory_order_relaxed); }
 void EnableTracing();
 void DisableTracing();
 
@@ -132,10 +130,14 @@ void TraceInstant(const char* name, const char* arg_name = nullptr, int64_t arg 
 class TraceScope {
  public:
   explicit TraceScope(const char* name, const char* arg_name = nullptr, int64_t arg = 0) {
-    if (TracingEnabled()) [[unlikely]] Begin(name, arg_name, arg);
+    if (TracingEnabled()) [[unlikely]] {
+      Begin(name, arg_name, arg);
+    }
   }
   ~TraceScope() {
-    if (name_ != nullptr) [[unlikely]] End();
+    if (name_ != nullptr) [[unlikely]] {
+      End();
+    }
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
@@ -157,10 +159,10 @@ class TraceScope {
 #define MOERT_TRACE_CONCAT(a, b) MOERT_TRACE_CONCAT_INNER(a, b)
 // A complete event named `name` (a static string) over the rest of the enclosing scope.
 #define MOERT_TRACE_SCOPE(name) \
-  ::moert::telemetry::TraceScope MOERT_TRACE_CONCAT(moert_trace_scope_, __LINE__)(name)
+  ::moert::telemetry::TraceScope MOERT_TRACE_CONCAT(moert_trace_scope_, __COUNTER__)(name)
 // The same with one integer argument `arg_name` (a static string) = `value`.
-#define MOERT_TRACE_SCOPE_ARG(name, arg_name, value)                               \
-  ::moert::telemetry::TraceScope MOERT_TRACE_CONCAT(moert_trace_scope_, __LINE__)( \
+#define MOERT_TRACE_SCOPE_ARG(name, arg_name, value)                                  \
+  ::moert::telemetry::TraceScope MOERT_TRACE_CONCAT(moert_trace_scope_, __COUNTER__)( \
       name, arg_name, static_cast<int64_t>(value))
 
 #endif  // MOERT_TELEMETRY_TRACE_H_

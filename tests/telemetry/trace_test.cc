@@ -4,7 +4,8 @@
 // CollectTrace(since) keeps what ended since; the Chrome JSON parses (a small validating
 // parser below), escapes names and nests per thread; a sink sees every scope; and a
 // forward pass of the tiny model traces one layer span per layer with its router inside,
-// and, with an expert pool, the loads as async events on the loader's track.
+// and, with an expert pool, the loads as async events on the loader's track and the
+// prefetch decisions as instants.
 #include "telemetry/trace.h"
 
 #include <gtest/gtest.h>
@@ -90,16 +91,15 @@ std::vector<Span> SpansOf(const TraceSnapshot& snapshot) {
   std::vector<Span> spans;
   for (const TraceEvent& e : snapshot.events) {
     if (e.phase != TraceEvent::Phase::kComplete) continue;
-    spans.push_back({e.name, e.tid, static_cast<double>(e.ts_ns),
-                     static_cast<double>(e.end_ns())});
+    spans.push_back({e.name, e.tid, static_cast<double>(e.ts_ns), static_cast<double>(e.end_ns())});
   }
   return spans;
 }
 
 size_t Count(const TraceSnapshot& snapshot, std::string_view name, TraceEvent::Phase phase) {
-  return static_cast<size_t>(std::count_if(
-      snapshot.events.begin(), snapshot.events.end(),
-      [&](const TraceEvent& e) { return e.phase == phase && name == e.name; }));
+  return static_cast<size_t>(
+      std::count_if(snapshot.events.begin(), snapshot.events.end(),
+                    [&](const TraceEvent& e) { return e.phase == phase && name == e.name; }));
 }
 
 // A validating JSON parser: just enough to read the trace back (numbers as doubles).
@@ -278,8 +278,8 @@ TEST_F(TraceTest, ScopesNestPerThreadOnSeveralThreads) {
   for (size_t i = 1; i < snapshot.events.size(); ++i) {
     EXPECT_LE(snapshot.events[i - 1].ts_ns, snapshot.events[i].ts_ns);
   }
-  EXPECT_EQ(NestingErrors(SpansOf(snapshot), {{"outer", "(none)"}, {"middle", "outer"},
-                                              {"inner", "middle"}}),
+  EXPECT_EQ(NestingErrors(SpansOf(snapshot),
+                          {{"outer", "(none)"}, {"middle", "outer"}, {"inner", "middle"}}),
             "");
 }
 
@@ -387,8 +387,8 @@ TEST_F(TraceTest, TheJsonParsesAndItsSpansNestPerThread) {
     if (ph->string == "X") {
       const Json* dur = e.Find("dur");
       ASSERT_NE(dur, nullptr);
-      spans.push_back({name->string, static_cast<uint64_t>(tid->number), ts->number,
-                       ts->number + dur->number});
+      spans.push_back(
+          {name->string, static_cast<uint64_t>(tid->number), ts->number, ts->number + dur->number});
     } else if (ph->string == "b" || ph->string == "e") {
       EXPECT_EQ(e.Find("cat")->string, "loader");
       ASSERT_NE(e.Find("id"), nullptr);
@@ -438,7 +438,9 @@ class RecordingSink : public TraceSink {
  public:
   void OnScopeBegin(const char* name) override { calls.push_back(std::string("B ") + name); }
   void OnScopeEnd(const char* name) override { calls.push_back(std::string("E ") + name); }
-  void OnEvent(const TraceEvent& event) override { calls.push_back(std::string("X ") + event.name); }
+  void OnEvent(const TraceEvent& event) override {
+    calls.push_back(std::string("X ") + event.name);
+  }
   std::vector<std::string> calls;
 };
 
@@ -494,7 +496,8 @@ TEST_F(ModelTraceTest, EveryForwardHasOneLayerSpanPerLayerWithItsRouterInside) {
   for (const TraceEvent& e : snapshot.events) {
     if (std::string_view(e.name) == "layer") layers.push_back(e.arg);
   }
-  for (size_t i = 0; i < layers.size(); ++i) EXPECT_EQ(layers[i], static_cast<int64_t>(i % n_layer));
+  for (size_t i = 0; i < layers.size(); ++i)
+    EXPECT_EQ(layers[i], static_cast<int64_t>(i % n_layer));
   EXPECT_EQ(NestingErrors(SpansOf(snapshot), {{"forward", "(none)"},
                                               {"layer", "forward"},
                                               {"attention", "layer"},
@@ -539,6 +542,27 @@ TEST_F(ModelTraceTest, WithAnExpertPoolLoadsAreAsyncEventsOnTheLoadersTrack) {
   EXPECT_GT(reads_on_loader, 0u);
   EXPECT_GT(Count(snapshot, "expert wait", TraceEvent::Phase::kComplete), 0u);
   EXPECT_EQ(NestingErrors(SpansOf(snapshot), {{"layer", "forward"}, {"router", "moe"}}), "");
+}
+
+TEST_F(ModelTraceTest, PrefetchDecisionsAreInstants) {
+  model::ModelLoadOptions options;
+  options.kv_cache_positions = 64;
+  options.expert_pool_fraction = 0.5;
+  options.prefetch = true;
+  options.prefetch_depth = 1;
+  auto model = model::Model::Load(test_util::OracleFile(kTinyModel), options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  test_util::RunGreedy(**model, 16, 2);
+  const TraceSnapshot snapshot = CollectTrace();
+  EXPECT_GT(Count(snapshot, "prefetch", TraceEvent::Phase::kInstant), 0u);
+  std::set<uint64_t> begun;
+  for (const TraceEvent& e : snapshot.events) {
+    if (e.phase == TraceEvent::Phase::kAsyncBegin) begun.insert(e.id);
+    // A prefetch may still be loading at the end, never an end without its begin.
+    if (e.phase == TraceEvent::Phase::kAsyncEnd) {
+      EXPECT_TRUE(begun.contains(e.id)) << e.id;
+    }
+  }
 }
 
 }  // namespace
