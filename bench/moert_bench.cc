@@ -49,6 +49,7 @@
 #include "image_bench.h"
 #include "moert/version.h"
 #include "synth.h"
+#include "telemetry/trace.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -94,6 +95,7 @@ struct Params {
   moert::backend::KvType kv_type_v = moert::backend::KvType::kF32;
   bool mlock = false;  // --mlock: the weights outside the pool locked in RAM
   std::string cache_dir;  // --cache-dir: OpenCL program binaries
+  std::string trace;   // --trace FILE: tracing on for the whole run, the JSON at exit
   // The image turn instead of pp/tg (bench/image_bench.h).
   std::string mmproj;
   std::string image;
@@ -336,6 +338,13 @@ const std::vector<Flag>& Flags() {
          }
          if (values.empty()) return std::string("expected on or off, or a comma list of them");
          p.prefetch = values;
+         return std::nullopt;
+       }},
+      {"", "--trace", "FILE",
+       "record trace spans and write them to FILE at exit\n(Chrome trace-event JSON: open in "
+       "ui.perfetto.dev)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         p.trace = std::string(v);
          return std::nullopt;
        }},
       {"", "--mmproj", "FILE",
@@ -1334,5 +1343,7 @@ int main(int argc, char** argv) {
     std::fputs(Usage().c_str(), stdout);
     return 0;
   }
+  std::optional<moert::telemetry::TraceFile> trace;
+  if (!p.trace.empty()) trace.emplace(p.trace);
   return Run(p);
 }

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -29,6 +30,7 @@
 #include "cli_escapes.h"
 #include "moert/runtime.h"
 #include "moert/version.h"
+#include "telemetry/trace.h"
 
 namespace {
 
@@ -96,6 +98,8 @@ constexpr char kUsage[] =
     "                           request (default 1; 0: off)\n"
     "  --modality-bias FILE     MoE: a modality bias side file (n_layer x n_expert numbers)\n"
     "                           instead of the model's moert.modality_bias\n"
+    "  --trace FILE             record trace spans and write them to FILE at exit\n"
+    "                           (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -150,6 +154,7 @@ struct Args {
   std::string modality_bias;
   std::string cache_type_k = "f32";
   std::string cache_type_v = "f32";
+  std::string trace;  // --trace FILE
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -276,6 +281,9 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "--mmproj") {
       if (!value(&v)) return need("a FILE");
       args->mmproj = std::string(v);
+    } else if (arg == "--trace") {
+      if (!value(&v)) return need("a FILE");
+      args->trace = std::string(v);
     } else if (arg == "--image") {
       if (!value(&v)) return need("a FILE");
       args->images.emplace_back(v);
@@ -468,6 +476,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args.model.empty()) args.model = DefaultModel();
+  // Declared first: written once the runtime (and its loader thread) is gone.
+  std::optional<moert::telemetry::TraceFile> trace;
+  if (!args.trace.empty()) trace.emplace(args.trace);
 
   moert::RuntimeOptions options;
   options.threads = static_cast<int>(args.threads);

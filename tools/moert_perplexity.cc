@@ -19,6 +19,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "model/perplexity.h"
+#include "telemetry/trace.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -58,6 +59,8 @@ constexpr char kUsage[] =
     "  --prefetch-depth N      predict N layers ahead (default 1)\n"
     "  --backend cpu|opencl|auto  where the model runs (default cpu; auto: an OpenCL\n"
     "                          GPU that passes a self-test, else the CPU)\n"
+    "  --trace FILE            record trace spans and write them to FILE at exit\n"
+    "                          (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   bool prefetch = false;
   int prefetch_depth = 1;
   moert::model::Backend backend = moert::model::Backend::kCpu;
+  std::string trace_path;  // --trace FILE
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -187,6 +191,10 @@ int main(int argc, char** argv) {
       const char* v = value("a DIR");
       if (v == nullptr) return 1;
       cache_dir = v;
+    } else if (arg == "--trace") {
+      const char* v = value("a FILE");
+      if (v == nullptr) return 1;
+      trace_path = v;
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
     } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
@@ -213,6 +221,9 @@ int main(int argc, char** argv) {
   if (n_ctx < 0) return Fail("no context size: give -c CTX (see --help)");
   if (n_ctx < 3) return Fail("-c needs at least 3 tokens, got " + std::to_string(n_ctx));
   if (n_batch == 0) n_batch = n_ctx;
+  // Declared before the model: written once it (and its loader thread) is gone.
+  std::optional<moert::telemetry::TraceFile> trace;
+  if (!trace_path.empty()) trace.emplace(trace_path);
 
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail("cannot read '" + text_path + "'");

@@ -21,6 +21,7 @@
 #include "core/strings.h"
 #include "experts/checksum.h"
 #include "telemetry/platform.h"
+#include "telemetry/trace.h"
 
 namespace moert::experts {
 
@@ -41,6 +42,7 @@ struct Loader::Job {
   LoadResult result;
   JobState state = JobState::kQueued;
   bool urgent = false;
+  uint64_t trace_id = 0;  // its "expert load" async event, until ended (mu_)
 };
 
 namespace {
@@ -81,6 +83,15 @@ int64_t PreadAtLeast(int fd, uint8_t* buf, uint64_t want, uint64_t need, uint64_
 }
 
 using telemetry::NowNs;
+
+constexpr char kLoadEvent[] = "expert load";
+constexpr char kLoaderTrack[] = "loader";
+
+// Ends the job's "expert load" async event once (mu_ held).
+void EndLoadTrace(Loader::Job& job) {
+  telemetry::TraceAsyncEnd(job.trace_id, kLoadEvent, kLoaderTrack);
+  job.trace_id = 0;
+}
 
 }  // namespace
 
@@ -147,7 +158,10 @@ Loader::~Loader() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     // Nobody waits for these any more; the read in progress is dropped when it ends.
-    for (const Ticket& job : queue_) job->state = JobState::kTakenBack;
+    for (const Ticket& job : queue_) {
+      job->state = JobState::kTakenBack;
+      EndLoadTrace(*job);
+    }
     stats_.queued_dropped += queue_.size();
     queue_.clear();
   }
@@ -198,6 +212,9 @@ Loader::Ticket Loader::Submit(const ExpertInfo& info, uint8_t* dst,
   job->dst = dst;
   job->expected = expected_checksum;
   job->urgent = urgent;
+  // From Submit to the bytes in place (or the load dropped), on the loader's track.
+  job->trace_id = telemetry::TraceAsyncBegin(kLoadEvent, kLoaderTrack, "layer", info.layer,
+                                             "expert", info.expert);
   std::unique_lock<std::mutex> lock(mu_);
   if (urgent) {
     queue_.insert(FirstNotUrgent(), job);
@@ -224,6 +241,7 @@ bool Loader::Cancel(const Ticket& ticket) {
   auto it = std::find(queue_.begin(), queue_.end(), ticket);
   if (it == queue_.end()) return false;
   queue_.erase(it);
+  EndLoadTrace(*ticket);
   lock.unlock();
   space_cv_.notify_one();
   return true;
@@ -253,6 +271,7 @@ void Loader::set_delay_for_testing(uint64_t delay_us) {
 }
 
 LoadResult Loader::Wait(const Ticket& ticket, OnDeadline on_deadline) {
+  MOERT_TRACE_SCOPE_ARG("expert wait", "layer", ticket->info->layer);
   std::unique_lock<std::mutex> lock(mu_);
   Job& job = *ticket;
   if (job.state != JobState::kTakenBack) {  // else Submit gave up on the queue already
@@ -275,6 +294,10 @@ LoadResult Loader::Wait(const Ticket& ticket, OnDeadline on_deadline) {
                wait_deadline_.count(), " ms; given up"));
   } else {
     result = ReadHere(job);
+  }
+  {
+    std::lock_guard<std::mutex> end_lock(mu_);
+    EndLoadTrace(job);
   }
   result.timed_out = true;
   return result;
@@ -316,6 +339,7 @@ void Loader::AdviseWillNeed(const ExpertInfo& info) {
 }
 
 void Loader::ThreadMain() {
+  telemetry::SetTraceThreadName("moert-loader");
   std::unique_lock<std::mutex> lock(mu_);
   // Whether the job was taken back by its waiter (or the loader is going): mu_ held.
   const auto dropped = [&](const Job& job) { return stop_ || job.state == JobState::kTakenBack; };
@@ -328,6 +352,7 @@ void Loader::ThreadMain() {
     space_cv_.notify_one();
     const uint64_t delay_us = delay_us_;
     lock.unlock();
+    MOERT_TRACE_SCOPE_ARG("expert read", "layer", job->info->layer);
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
     std::span<uint8_t> bytes[kExpertParts];
@@ -335,6 +360,7 @@ void Loader::ThreadMain() {
     lock.lock();
     stats_.bytes_read += result.bytes_read;
     if (dropped(*job)) {
+      EndLoadTrace(*job);
       ++stats_.late_reads_dropped;
       stats_.busy_ns += NowNs() - start;
       continue;
@@ -349,6 +375,7 @@ void Loader::ThreadMain() {
     stats_.busy_ns += busy;
     job->result = std::move(result);
     job->state = JobState::kDone;
+    EndLoadTrace(*job);
     done_cv_.notify_all();
   }
 }

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "model/model.h"
+#include "telemetry/trace.h"
 
 namespace moert::model {
 
@@ -137,6 +138,7 @@ absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const Se
   const std::span<const int32_t> tokens = input.tokens;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t e = spec.n_embd;
+  MOERT_TRACE_SCOPE_ARG("forward", "tokens", n);
   kv_ = &kv;
   if (device_kv_ != nullptr) MOERT_RETURN_IF_ERROR(device_kv_->Bind(kv.host, pos0));
   // The token embeddings, looked up on the host, and the caller's rows.
@@ -154,6 +156,7 @@ absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const Se
     MOERT_RETURN_IF_ERROR(RunLayer(il, n, pos0, x));
   }
   if (first_logit_row < n) {
+    MOERT_TRACE_SCOPE("lm head");
     const int64_t rows = n - first_logit_row;
     const size_t bytes = static_cast<size_t>(rows * spec.n_vocab) * 4;
     MOERT_ASSIGN_OR_RETURN(TensorRef cur, Scratch(kCur, static_cast<size_t>(n * e) * 4));
@@ -177,6 +180,7 @@ absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const Se
 }
 
 absl::Status LayerGraph::RunLayer(int il, int64_t n, int64_t pos0, TensorRef x) {
+  MOERT_TRACE_SCOPE_ARG("layer", "layer", il);
   const format::ModelSpec& spec = *w_.spec;
   const Layer& l = layers_[static_cast<size_t>(il)];
   const int64_t e = spec.n_embd;
@@ -201,6 +205,7 @@ absl::Status LayerGraph::RunLayer(int il, int64_t n, int64_t pos0, TensorRef x) 
 
 absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef cur,
                                       TensorRef out) {
+  MOERT_TRACE_SCOPE("attention");
   const format::ModelSpec& spec = *w_.spec;
   const Layer& l = layers_[static_cast<size_t>(il)];
   const int n_head = static_cast<int>(spec.n_head);
@@ -269,6 +274,7 @@ absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef
 }
 
 absl::Status LayerGraph::RunDenseFfn(int il, int64_t n, TensorRef cur, TensorRef out) {
+  MOERT_TRACE_SCOPE("ffn");
   const Layer& l = layers_[static_cast<size_t>(il)];
   if (l.gate->type() == l.up->type() && l.gate->type() == l.down->type() &&
       b_.Supports(Op::kFusedMoe, l.gate->type())) {

@@ -11,6 +11,7 @@
 #include "backend/expert_groups.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "telemetry/trace.h"
 
 namespace moert::pipeline {
 
@@ -193,6 +194,7 @@ void MoeScheduler::SetUpRegion() {
 }
 
 absl::Status MoeScheduler::Run(int layer, TensorRef x, int64_t n, TensorRef out) {
+  MOERT_TRACE_SCOPE("moe");
   if (layer < 0 || layer >= static_cast<int>(layers_.size()) || host_layers_[layer] == nullptr) {
     return absl::InvalidArgumentError(StrCat("layer ", layer, " has no MoE block"));
   }
@@ -210,6 +212,7 @@ absl::Status MoeScheduler::Run(int layer, TensorRef x, int64_t n, TensorRef out)
 
 absl::Status MoeScheduler::RouteBatch(int layer, TensorRef x, int64_t n, bool on_host,
                                       Route* route, TensorRef* experts, TensorRef* weights) {
+  MOERT_TRACE_SCOPE("router");
   const MoeWeights& w = *host_layers_[layer];
   const Layer& l = layers_[layer];
   const int n_expert = w.n_expert;

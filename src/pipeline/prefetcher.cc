@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "telemetry/trace.h"
+
 namespace moert::pipeline {
 
 Prefetcher::Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, int n_used,
@@ -69,8 +71,10 @@ void Prefetcher::Predict(int layer, const float* logits, int64_t n) {
 
 void Prefetcher::Issue(int layer) {
   if (layer < 0 || layer >= n_layer_ || !has_prediction_[static_cast<size_t>(layer)]) return;
+  telemetry::TraceInstant("prefetch", "layer", layer);
   const uint64_t capacity = cache_->capacity_experts();
   if (capacity < 2 * static_cast<uint64_t>(n_used_)) {
+    telemetry::TraceInstant("prefetch backed off", "layer", layer);
     ++stats_.backed_off;  // no room for two slots: prefetch would evict the current layer's
     return;
   }
@@ -82,6 +86,7 @@ void Prefetcher::Issue(int layer) {
     const experts::ExpertCache::PrefetchResult r = cache_->Prefetch(layer, e);
     if (r == experts::ExpertCache::PrefetchResult::kStarted) ++stats_.issued;
     if (r == experts::ExpertCache::PrefetchResult::kBackedOff) {
+      telemetry::TraceInstant("prefetch backed off", "layer", layer);
       ++stats_.backed_off;
       return;
     }

@@ -7,6 +7,7 @@
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "telemetry/trace.h"
 
 namespace moert::vision {
 
@@ -144,6 +145,7 @@ std::vector<float> VisionEncoder::SincosPositions(int patches_w, int patches_h, 
 
 absl::Status VisionEncoder::EncodeSlice(const Slice& slice, std::vector<float>* out,
                                         std::vector<float>* entropy) {
+  MOERT_TRACE_SCOPE("vision slice");
   const MmprojHparams& hp = m_.hparams;
   const int patch = hp.patch_size;
   if (slice.width <= 0 || slice.height <= 0 || slice.width % patch != 0 ||

@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/strings.h"
+#include "telemetry/trace.h"
 #include "vision/preprocess.h"
 
 namespace moert::vision {
@@ -81,6 +82,7 @@ std::vector<float> GatherRows(const std::vector<PromptPositions::Row>& rows,
 
 absl::StatusOr<ImageEmbedding> EmbedImage(VisionEncoder& encoder, const RgbImage& image,
                                           const EmbedOptions& options) {
+  MOERT_TRACE_SCOPE("image encode");
   MOERT_RETURN_IF_ERROR(ValidateEmbedOptions(options));
   const auto start = std::chrono::steady_clock::now();
   const MmprojHparams& hp = encoder.hparams();

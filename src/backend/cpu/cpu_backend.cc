@@ -15,6 +15,7 @@
 #include "core/fp16.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "telemetry/trace.h"
 
 namespace moert::backend::cpu {
 namespace {
@@ -409,6 +410,7 @@ absl::Status CpuBackend::TopK(TensorRef logits, int64_t n, int n_expert, int k, 
 
 absl::Status CpuBackend::FusedMoe(const Experts& w, TensorRef x, int64_t n, int k,
                                   TensorRef experts, TensorRef weights, TensorRef out) {
+  MOERT_TRACE_SCOPE_ARG("expert batch", "tokens", n);
   // Each expert's views: from the stacked weights, or at its place in the region.
   std::vector<const CpuWeight*> stacked(3, nullptr);
   int n_expert = w.n_expert;
