@@ -147,6 +147,10 @@ typedef struct moert_stats {
   int32_t images;                    /**< images encoded for this generation */
   int32_t image_tokens;              /**< image positions in its prompt (after pruning) */
   double image_encode_ms;            /**< decoding, preprocessing and encoding them */
+  int32_t degraded;                  /**< 1: it ran degraded, or the session stays degraded */
+  /** Each degrade and why, "; "-separated ("" when not degraded); valid until the
+   * next moert_session_stats call on the session or its destroy. */
+  const char* degrade_reason;
 } moert_stats;
 
 /** Memory figures of a session's last generation, with a memory budget or an expert

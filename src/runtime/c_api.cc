@@ -22,6 +22,8 @@ struct moert_session {
   std::unique_ptr<moert::Session> session;
   std::string last_error;
   std::atomic<bool> cancel{false};
+  // What moert_stats::degrade_reason points to (the last moert_session_stats' copy).
+  mutable std::string degrade_reason;
 };
 
 namespace {
@@ -451,6 +453,9 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->images = s.images;
     stats->image_tokens = s.image_tokens;
     stats->image_encode_ms = s.image_encode_ms;
+    stats->degraded = s.degraded ? 1 : 0;
+    session->degrade_reason = s.degrade_reason;
+    stats->degrade_reason = session->degrade_reason.c_str();
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;

@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
   CHECK(stats.prefill_tokens == 3);
   CHECK(stats.generated_tokens == 32);
   CHECK(stats.finish_reason == MOERT_FINISH_MAX_TOKENS);
+  /* The guard is on by default and changes nothing for a request that succeeds. */
+  CHECK(stats.degraded == 0);
+  CHECK(stats.degrade_reason != NULL && stats.degrade_reason[0] == '\0');
   CHECK(stats.prefill_tokens_per_second > 0 && stats.decode_tokens_per_second > 0);
   CHECK(stats.time_to_first_token_ms > 0);
   CHECK(stats.peak_rss_bytes > 0);
