@@ -563,7 +563,8 @@ size_t ExpertCache::EvictUnused() {
 }
 
 absl::Status ExpertCache::Defragment() {
-  return defrag_.Compact(*pool_, [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
+  return defrag_.Compact(*pool_,
+                         [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
 }
 
 void ExpertCache::SetPoolLimit(uint64_t bytes) {

@@ -479,8 +479,8 @@ absl::Status DecoderModel::Defragment() {
 
 absl::Status DecoderModel::UseCpuBackend(std::string_view why) {
   if (device_graph_ == nullptr) return Model::UseCpuBackend(why);
-  GiveUpDevice(StrCat("the ", backend_.backend, " device ", backend_.device,
-                      " was given up: ", why));
+  GiveUpDevice(
+      StrCat("the ", backend_.backend, " device ", backend_.device, " was given up: ", why));
   return absl::OkStatus();
 }
 
@@ -645,10 +645,10 @@ absl::Status DecoderModel::ForwardBatch(const BatchInput& input, int64_t pos0,
     if (!failures_.OnFailure(status)) {
       device_graph_->Invalidate(cache->id(), pos0);
     } else {
-      GiveUpDevice(StrCat(
-          "the ", backend_.backend, " device ", backend_.device, " failed ",
-          failures_.failures_in_a_row(), " requests in a row; the CPU runs the rest (the last: ",
-          std::string(status.message()), ")"));
+      GiveUpDevice(StrCat("the ", backend_.backend, " device ", backend_.device, " failed ",
+                          failures_.failures_in_a_row(),
+                          " requests in a row; the CPU runs the rest (the last: ",
+                          std::string(status.message()), ")"));
     }
   }
   return cpu_graph_->Forward(input, pos0, kv, first_logit_row, logits);

@@ -305,9 +305,8 @@ void DegradePolicy::CountTowardLatch(int64_t step) {
   if (options_.latch_degrades > 0 && !latched_ &&
       recent_.size() > static_cast<size_t>(options_.latch_degrades)) {
     latched_ = true;
-    latch_reason_ = StrCat("stays degraded for the session: ", recent_.size(),
-                           " degrades within ", window, " steps (more than ",
-                           options_.latch_degrades, ")");
+    latch_reason_ = StrCat("stays degraded for the session: ", recent_.size(), " degrades within ",
+                           window, " steps (more than ", options_.latch_degrades, ")");
     telemetry::Log(telemetry::LogLevel::kWarning, StrCat("degrade policy: ", latch_reason_));
   }
 }
@@ -341,12 +340,12 @@ std::vector<DegradeEvent> DegradePolicy::Step(int64_t step, const MetricSource& 
     event.bound = *bound;
     event.status = actuator.Apply(rule.action);
     if (!event.status.ok()) ++counters_.failed;
-    telemetry::Log(event.status.ok() ? telemetry::LogLevel::kInfo : telemetry::LogLevel::kWarning,
-                   StrCat("degrade policy: step ", step, ": ", rule.metric, " = ", *value, " ",
-                          ComparisonName(rule.comparison), " ", *bound, " -> ",
-                          DegradeActionName(rule.action), " (", event.reason, "): ",
-                          event.status.ok() ? std::string("applied")
-                                            : std::string(event.status.message())));
+    telemetry::Log(
+        event.status.ok() ? telemetry::LogLevel::kInfo : telemetry::LogLevel::kWarning,
+        StrCat("degrade policy: step ", step, ": ", rule.metric, " = ", *value, " ",
+               ComparisonName(rule.comparison), " ", *bound, " -> ", DegradeActionName(rule.action),
+               " (", event.reason, "): ",
+               event.status.ok() ? std::string("applied") : std::string(event.status.message())));
     // Only an applied action is a degrade the latch counts.
     ++counters_.fired;
     ++counters_.fired_by_reason[event.reason];

@@ -126,8 +126,9 @@ struct DegradePolicyOptions {
       DegradeAction::kReduceTopK, DegradeAction::kDenseFallback, DegradeAction::kCpuBackend};
   std::vector<DegradeAction> retry_device_lost = {DegradeAction::kCpuBackend};
   const std::vector<DegradeAction>& RetryOrder(FailureKind kind) const;
-  // More than latch_degrades applied firings (and InferenceGuard retries) within latch_window_steps steps: the policy stops
-  // (nothing more is applied or undone) and says the session stays degraded. 0: never.
+  // More than latch_degrades applied firings (and InferenceGuard retries) within latch_window_steps
+  // steps: the policy stops (nothing more is applied or undone) and says the session stays
+  // degraded. 0: never.
   int latch_degrades = 5;
   int64_t latch_window_steps = 64;
 };
@@ -140,8 +141,8 @@ struct DegradeEvent {
   int64_t step = 0;
   std::string reason;
   DegradeAction action = DegradeAction::kDefragment;
-  double value = 0;   // the metric's value
-  double bound = 0;   // what it was compared with
+  double value = 0;     // the metric's value
+  double bound = 0;     // what it was compared with
   absl::Status status;  // the action's outcome
 };
 

@@ -142,7 +142,8 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
   const int k_max = dynamic && options_.k_max > 0 ? std::min(options_.k_max, ne) : n_used;
   // The degrade policy's reduction; the thermal drop is one unless that is already more.
   const int k_reduced = std::max(1, k_max - options_.k_reduction);
-  const int k_limit = throttled_ ? std::max(1, k_max - std::max(1, options_.k_reduction)) : k_reduced;
+  const int k_limit =
+      throttled_ ? std::max(1, k_max - std::max(1, options_.k_reduction)) : k_reduced;
   const int k_low = dynamic ? std::min(options_.k_min, k_limit) : k_limit;
 
   const float penalty = options_.alpha * pressure_;

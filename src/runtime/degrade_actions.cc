@@ -66,8 +66,8 @@ absl::Status ModelActuator::ShrinkPool() {
   budget->Trim(before.trim_fraction / 2);
   if (budget->pool_target() >= before.pool_bytes) {
     budget->Trim(before.trim_fraction);
-    return absl::FailedPreconditionError(StrCat(
-        "shrink_pool: the expert pool is at its floor (", before.pool_bytes, " bytes)"));
+    return absl::FailedPreconditionError(
+        StrCat("shrink_pool: the expert pool is at its floor (", before.pool_bytes, " bytes)"));
   }
   model_->ApplyMemoryLimits(/*drop_unused=*/false);
   return absl::OkStatus();

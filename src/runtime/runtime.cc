@@ -106,7 +106,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   // A bad rule file is named before the model is read.
   pipeline::DegradePolicyOptions degrade;
   if (options.degrade_policy && !options.degrade_rules_path.empty()) {
-    MOERT_ASSIGN_OR_RETURN(degrade.rules, pipeline::ReadDegradeRulesFile(options.degrade_rules_path));
+    MOERT_ASSIGN_OR_RETURN(degrade.rules,
+                           pipeline::ReadDegradeRulesFile(options.degrade_rules_path));
   }
 
   auto file = format::GgufFile::Open(path);

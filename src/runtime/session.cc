@@ -385,9 +385,7 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
     return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
   };
   ++step_;
-  MOERT_RETURN_IF_ERROR(guard_ != nullptr
-                            ? guard_->Run(step_, attempt, &degrades_)
-                            : attempt());
+  MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
   DegradeStep(static_cast<int64_t>(tokens.size()));
   return absl::OkStatus();
 }
@@ -400,8 +398,8 @@ int Session::Impl::Capacity() const {
 absl::Status Session::Impl::ShortenContext() {
   const int now = Capacity();
   if (now <= kMinContext) {
-    return absl::FailedPreconditionError(StrCat("shorter_context: the session keeps ", now,
-                                                " positions, the least it may"));
+    return absl::FailedPreconditionError(
+        StrCat("shorter_context: the session keeps ", now, " positions, the least it may"));
   }
   context_limit_ = std::max(kMinContext, now / 2);
   return absl::OkStatus();
@@ -427,11 +425,12 @@ Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
       cache_(std::move(cache)),
       stateless_(stateless),
       policy_(model_->degrade),
-      actuator_(model_->model.get(), [this] { return ShortenContext(); },
-                &model_->degrades_in_force),
+      actuator_(
+          model_->model.get(), [this] { return ShortenContext(); }, &model_->degrades_in_force),
       metrics_(model_->model.get()) {
   if (model_->inference_guard) {
-    guard_ = std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex);
+    guard_ =
+        std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex);
   }
   std::lock_guard<std::mutex> lock(model_->sessions_mutex);
   model_->sessions.push_back(this);
@@ -711,7 +710,9 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
     std::lock_guard<std::mutex> lock(model_->forward_mutex);
     in_force = model_->degrades_in_force;
   }
-  if (context_limit_ > 0) in_force.push_back(StrCat("shorter_context (", context_limit_, " positions)"));
+  if (context_limit_ > 0) {
+    in_force.push_back(StrCat("shorter_context (", context_limit_, " positions)"));
+  }
   if (!in_force.empty()) degrades_.push_back(StrCat("in force: ", StrJoin(in_force, ", ")));
   if (policy_.latched()) degrades_.push_back(policy_.latch_reason());
   out->degraded = stats_.degraded = !degrades_.empty();

@@ -2,6 +2,8 @@
 // routing (model::RouteToken) with no adjustment in force, and each adjustment
 // (residency under pressure, modality bias, thermal k, dynamic k) doing what
 // router/router.h says, on hand-made logits.
+#include "router/router.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,7 +21,6 @@
 #include "kernels/config.h"
 #include "model/layers.h"
 #include "router/resource_monitor.h"
-#include "router/router.h"
 #include "router/temp_dir.h"
 
 namespace moert::router {
@@ -461,7 +462,8 @@ TEST(RouterTest, KReductionTakesExpertsOffAndTheThermalDropDoesNotStackOnIt) {
   router.set_options(options);
   EXPECT_EQ(Route(router, 0, logits, 3, false).experts, (std::vector<int>{1, -1, -1}));
   options.k_reduction = -1;
-  EXPECT_THAT(std::string(Router::Validate(options).message()), ::testing::HasSubstr("k_reduction"));
+  EXPECT_THAT(std::string(Router::Validate(options).message()),
+              ::testing::HasSubstr("k_reduction"));
 }
 
 TEST(RouterTest, DynamicKTakesTheFewestExpertsThatCoverP) {

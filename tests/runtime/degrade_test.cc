@@ -28,9 +28,9 @@
 namespace moert {
 namespace {
 
+using pipeline::DegradeAction;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using pipeline::DegradeAction;
 
 const std::string kModels = std::string(MOERT_SHARED_DIR) + "/models/";
 const std::string kF32 = kModels + "tiny-moe-shakespeare-f32.gguf";
@@ -101,8 +101,8 @@ class FaultModel final : public model::Model {
 };
 
 // A LoadedModel over `model` with the f32 model's tokenizer.
-std::shared_ptr<runtime::LoadedModel> Loaded(std::unique_ptr<model::Model> model,
-                                             bool guard = true, bool rules = false,
+std::shared_ptr<runtime::LoadedModel> Loaded(std::unique_ptr<model::Model> model, bool guard = true,
+                                             bool rules = false,
                                              pipeline::DegradePolicyOptions degrade = {}) {
   auto file = format::GgufFile::Open(kF32);
   EXPECT_TRUE(file.ok()) << file.status();
@@ -125,9 +125,9 @@ struct InjectionCase {
   const char* name;
   absl::Status failure;
   bool on_device;
-  const char* degrade;   // what the result must say
-  bool lasts;            // the degrade stays in force for the next request
-  bool same_tokens;      // the action does not change the output
+  const char* degrade;  // what the result must say
+  bool lasts;           // the degrade stays in force for the next request
+  bool same_tokens;     // the action does not change the output
 };
 
 class GuardInjectionTest : public ::testing::TestWithParam<InjectionCase> {};
@@ -168,17 +168,18 @@ TEST_P(GuardInjectionTest, TheStepIsRetriedDegradedAndTheSessionStaysUsable) {
 
 INSTANTIATE_TEST_SUITE_P(
     EachReason, GuardInjectionTest,
-    ::testing::Values(
-        InjectionCase{"exhausted", absl::ResourceExhaustedError("injected: the pool is full"),
-                      false, "exhausted: defragment", false, true},
-        InjectionCase{"io_error", absl::DataLossError("injected: a short read"), false,
-                      "io_error: reduce_top_k", true, false},
-        InjectionCase{"io_unavailable", absl::UnavailableError("injected: EIO"), false,
-                      "io_error: reduce_top_k", true, false},
-        InjectionCase{"timeout", absl::DeadlineExceededError("injected: too slow"), false,
-                      "timeout: reduce_top_k", true, false},
-        InjectionCase{"device_lost", absl::UnavailableError("injected: CL_DEVICE_NOT_AVAILABLE"),
-                      true, "device_lost: cpu_backend", true, true}),
+    ::testing::Values(InjectionCase{"exhausted",
+                                    absl::ResourceExhaustedError("injected: the pool is full"),
+                                    false, "exhausted: defragment", false, true},
+                      InjectionCase{"io_error", absl::DataLossError("injected: a short read"),
+                                    false, "io_error: reduce_top_k", true, false},
+                      InjectionCase{"io_unavailable", absl::UnavailableError("injected: EIO"),
+                                    false, "io_error: reduce_top_k", true, false},
+                      InjectionCase{"timeout", absl::DeadlineExceededError("injected: too slow"),
+                                    false, "timeout: reduce_top_k", true, false},
+                      InjectionCase{"device_lost",
+                                    absl::UnavailableError("injected: CL_DEVICE_NOT_AVAILABLE"),
+                                    true, "device_lost: cpu_backend", true, true}),
     [](const ::testing::TestParamInfo<InjectionCase>& test) { return test.param.name; });
 
 TEST(InferenceGuardTest, ReduceTopKRetryLowersK) {
@@ -371,7 +372,7 @@ TEST(ModelMetricsTest, ReadsTheFiguresTheDefaultRulesUse) {
   EXPECT_EQ(first.Value(pipeline::kCpuTemperatureMetric), 72.5);
   EXPECT_EQ(first.Value(pipeline::kCpuTemperatureLimitMetric), 60.0);
   EXPECT_TRUE(first.Value(pipeline::kPoolFragmentationMetric).has_value());
-  EXPECT_FALSE(first.Value(pipeline::kStallPerTokenMetric).has_value());  // no earlier read
+  EXPECT_FALSE(first.Value(pipeline::kStallPerTokenMetric).has_value());     // no earlier read
   EXPECT_FALSE(first.Value(pipeline::kRouterLatencyP99Metric).has_value());  // not measured
   test_util::RunGreedy(*model, 8, 1);
   const pipeline::MetricSource& second = metrics.Read(9);

@@ -2,13 +2,13 @@
 // tokens as fully resident experts, its figures reach GenerationStats, bad options and
 // a budget below the weights are clear errors, and the hot set is written beside the
 // model when the model is unloaded and read back at the next load.
-#include <cmath>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
