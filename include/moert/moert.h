@@ -328,6 +328,19 @@ MOERT_API moert_status moert_runtime_set_hot_set(moert_runtime* runtime, int ena
  * leaves them unlocked. Off by default. */
 MOERT_API moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled);
 
+/** For the models loaded from now on: the inference guard (non-zero `enabled`, the
+ * default): a step that fails with exhaustion, an I/O error, a timeout or a lost device
+ * is retried degraded before the generation fails, and moert_stats::degraded says so
+ * (docs/degrade.md). A generation that succeeds first time is unchanged by it. */
+MOERT_API moert_status moert_runtime_set_inference_guard(moert_runtime* runtime, int enabled);
+
+/** For the models loaded from now on: the degrade policy's rules, evaluated after every
+ * step (non-zero `enabled`; off by default: a firing rule may change the output), from
+ * `rules_path` (NULL or "": the default rules; docs/degrade.md gives the format). A bad
+ * rules file fails moert_runtime_load_model, naming the line and what is wrong. */
+MOERT_API moert_status moert_runtime_set_degrade_policy(moert_runtime* runtime, int enabled,
+                                                        const char* rules_path);
+
 /** For the models loaded from now on: the longest a step waits for the loader thread,
  * in milliseconds (default 1000); past it the step reads the expert itself and counts
  * the timeout. MOERT_INVALID_ARGUMENT below 1. */

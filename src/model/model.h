@@ -333,6 +333,8 @@ class Model {
   // in progress, if any, finishes in the background. Never waits; a no-op without a
   // pool. Call it between Forward calls, from the thread that runs them.
   virtual void CancelPendingLoads() {}
+  // Runs each MoE layer's dense fallback FFN (moert-pack --dense-fallback) instead of
+  // its routed experts, or the experts again; takes effect at the next Forward.
   virtual absl::Status SetDenseFallback(bool on) {
     (void)on;
     return absl::FailedPreconditionError(

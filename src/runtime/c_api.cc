@@ -566,6 +566,19 @@ moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled) {
                    [&](moert::RuntimeOptions& o) { o.lock_weights = enabled != 0; });
 }
 
+moert_status moert_runtime_set_inference_guard(moert_runtime* runtime, int enabled) {
+  return SetOption(runtime, "moert_runtime_set_inference_guard",
+                   [&](moert::RuntimeOptions& o) { o.inference_guard = enabled != 0; });
+}
+
+moert_status moert_runtime_set_degrade_policy(moert_runtime* runtime, int enabled,
+                                              const char* rules_path) {
+  return SetOption(runtime, "moert_runtime_set_degrade_policy", [&](moert::RuntimeOptions& o) {
+    o.degrade_policy = enabled != 0;
+    o.degrade_rules_path = rules_path != nullptr ? rules_path : "";
+  });
+}
+
 moert_status moert_runtime_set_loader_deadline(moert_runtime* runtime, int32_t ms) {
   return SetOption(runtime, "moert_runtime_set_loader_deadline",
                    [&](moert::RuntimeOptions& o) { o.loader_wait_deadline_ms = ms; });
