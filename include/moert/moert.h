@@ -147,6 +147,10 @@ typedef struct moert_stats {
   int32_t images;                    /**< images encoded for this generation */
   int32_t image_tokens;              /**< image positions in its prompt (after pruning) */
   double image_encode_ms;            /**< decoding, preprocessing and encoding them */
+  int32_t degraded;                  /**< 1: it ran degraded, or the session stays degraded */
+  /** Each degrade and why, "; "-separated ("" when not degraded); valid until the
+   * next moert_session_stats call on the session or its destroy. */
+  const char* degrade_reason;
 } moert_stats;
 
 /** Memory figures of a session's last generation, with a memory budget or an expert
@@ -329,6 +333,19 @@ MOERT_API moert_status moert_runtime_set_cache_dir(moert_runtime* runtime, const
  * (non-zero `enabled`; llama.cpp's --mlock), best effort: a lock the system refuses
  * leaves them unlocked. Off by default. */
 MOERT_API moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled);
+
+/** For the models loaded from now on: the inference guard (non-zero `enabled`, the
+ * default): a step that fails with exhaustion, an I/O error, a timeout or a lost device
+ * is retried degraded before the generation fails, and moert_stats::degraded says so
+ * (docs/degrade.md). A generation that succeeds first time is unchanged by it. */
+MOERT_API moert_status moert_runtime_set_inference_guard(moert_runtime* runtime, int enabled);
+
+/** For the models loaded from now on: the degrade policy's rules, evaluated after every
+ * step (non-zero `enabled`; off by default: a firing rule may change the output), from
+ * `rules_path` (NULL or "": the default rules; docs/degrade.md gives the format). A bad
+ * rules file fails moert_runtime_load_model, naming the line and what is wrong. */
+MOERT_API moert_status moert_runtime_set_degrade_policy(moert_runtime* runtime, int enabled,
+                                                        const char* rules_path);
 
 /** For the models loaded from now on: the longest a step waits for the loader thread,
  * in milliseconds (default 1000); past it the step reads the expert itself and counts

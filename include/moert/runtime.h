@@ -183,6 +183,24 @@ struct RuntimeOptions {
   // A modality bias side file (n_layer x n_expert whitespace-separated numbers) used
   // instead of the model's metadata; empty: the metadata's, when it has one.
   std::string modality_bias_path;
+
+  // Degrading instead of failing (docs/degrade.md). The inference guard: a step that
+  // fails with exhaustion, an I/O error, a timeout or a lost device is retried degraded
+  // (a compacted pool, one expert fewer per token, the dense fallback FFN, the CPU instead
+  // of OpenCL, in the order docs/degrade.md gives) before the request fails;
+  // GenerateResult::degraded says so and why. A request that succeeds first time is bit
+  // for bit what it is without the guard.
+  bool inference_guard = true;
+  // The degrade policy: rules over the runtime's metrics evaluated after every step
+  // (fragmentation above 0.4: defragment; above the thermal limit: k - 1; a slow router
+  // or long expert stalls: the dense fallback FFN), each firing counted and reported as a
+  // degrade; more than 5 degrades in 64 steps keep the session degraded. Off by default:
+  // a firing rule may change the output.
+  bool degrade_policy = false;
+  // The policy's rules from this file instead of the defaults (docs/degrade.md gives the
+  // format); empty: the defaults. Read by LoadModel: a bad file fails it, naming the
+  // line and what is wrong.
+  std::string degrade_rules_path;
 };
 
 // A session's own settings (MoERuntime::CreateSession).
@@ -328,6 +346,10 @@ struct GenerateResult {
   std::string text;             // everything the callback received
   std::vector<int32_t> tokens;  // the generated token ids (end-of-generation excluded)
   FinishReason finish_reason = FinishReason::kNone;
+  // The request ran degraded (RuntimeOptions::inference_guard, degrade_policy), or its
+  // session stays degraded; degrade_reason says each degrade and why, "; "-separated.
+  bool degraded = false;
+  std::string degrade_reason;
 };
 
 // Figures of the last Generate call.
@@ -376,6 +398,10 @@ struct GenerationStats {
   int image_tokens = 0;      // image positions in the prompt (after pruning)
   double image_encode_ms = 0;  // decoding, preprocessing and encoding them
   double image_share = 0;      // image positions / prompt positions: the routing lambda's share
+
+  // As GenerateResult::degraded and degrade_reason.
+  bool degraded = false;
+  std::string degrade_reason;
 };
 
 // Called once per generated token with the text that became final with it (empty

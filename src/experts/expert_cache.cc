@@ -562,6 +562,11 @@ size_t ExpertCache::EvictUnused() {
   return evicted;
 }
 
+absl::Status ExpertCache::Defragment() {
+  return defrag_.Compact(*pool_,
+                         [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
+}
+
 void ExpertCache::SetPoolLimit(uint64_t bytes) {
   const uint64_t pool = pool_->expert_allocator().stats().pool_bytes;
   limit_bytes_ = std::clamp(bytes / block_bytes_ * block_bytes_, block_bytes_, pool);

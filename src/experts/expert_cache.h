@@ -210,6 +210,9 @@ class ExpertCache {
   // sets it when KV caches or a trim take bytes from the pool. A pool's full size:
   // pool_bytes.
   void SetPoolLimit(uint64_t bytes);
+  // Compacts the pool now (the degrade policy's defragment): moves unpinned blocks so the
+  // largest free block grows, at most DefragmenterOptions::max_bytes_moved_per_call bytes.
+  absl::Status Defragment();
   uint64_t pool_limit() const { return limit_bytes_; }
 
   // Starts loading (layer, expert) in the background (see the class comment).

@@ -484,6 +484,27 @@ void DecoderModel::ApplyMemoryLimits(bool drop_unused) {
   if (drop_unused) expert_cache_->EvictUnused();
 }
 
+absl::Status DecoderModel::Defragment() {
+  if (expert_cache_ == nullptr) return Model::Defragment();
+  return expert_cache_->Defragment();
+}
+
+absl::Status DecoderModel::UseCpuBackend(std::string_view why) {
+  if (device_graph_ == nullptr) return Model::UseCpuBackend(why);
+  GiveUpDevice(
+      StrCat("the ", backend_.backend, " device ", backend_.device, " was given up: ", why));
+  return absl::OkStatus();
+}
+
+void DecoderModel::GiveUpDevice(std::string reason) {
+  backend_.cpu_reason = std::move(reason);
+  backend_.backend = "CPU";
+  backend_.device.clear();
+  backend_.driver.clear();
+  device_graph_.reset();
+  device_.reset();
+}
+
 MemoryStats DecoderModel::memory_stats() const {
   MemoryStats stats = memory_;
   stats.locked_bytes = weight_lock_.locked_bytes();
@@ -648,15 +669,10 @@ absl::Status DecoderModel::ForwardBatch(const BatchInput& input, int64_t pos0,
     if (!failures_.OnFailure(status)) {
       device_graph_->Invalidate(cache->id(), pos0);
     } else {
-      backend_.cpu_reason = StrCat(
-          "the ", backend_.backend, " device ", backend_.device, " failed ",
-          failures_.failures_in_a_row(), " requests in a row; the CPU runs the rest (the last: ",
-          std::string(status.message()), ")");
-      backend_.backend = "CPU";
-      backend_.device.clear();
-      backend_.driver.clear();
-      device_graph_.reset();
-      device_.reset();
+      GiveUpDevice(StrCat("the ", backend_.backend, " device ", backend_.device, " failed ",
+                          failures_.failures_in_a_row(),
+                          " requests in a row; the CPU runs the rest (the last: ",
+                          std::string(status.message()), ")"));
     }
   }
   return cpu_graph_->Forward(input, pos0, kv, first_logit_row, logits);

@@ -70,6 +70,8 @@ class DecoderModel final : public Model {
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
   memory::MemoryBudget* budget() override { return budget_.get(); }
   void ApplyMemoryLimits(bool drop_unused) override;
+  absl::Status Defragment() override;
+  absl::Status UseCpuBackend(std::string_view why) override;
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
   // sizes them first and sets up the pool (ModelLoadOptions).
@@ -92,6 +94,8 @@ class DecoderModel final : public Model {
   absl::Status ForwardBatch(const BatchInput& input, int64_t pos0, DecoderKvCache* cache,
                             int64_t first_logit_row, float* logits);
   ModelWeights Weights() const;
+  // From now on the CPU runs every batch; BackendStats::cpu_reason says `reason`.
+  void GiveUpDevice(std::string reason);
 
   format::ModelSpec spec_;
   AttentionOptions attention_;  // from the architecture table

@@ -339,6 +339,27 @@ class Model {
   // in progress, if any, finishes in the background. Never waits; a no-op without a
   // pool. Call it between Forward calls, from the thread that runs them.
   virtual void CancelPendingLoads() {}
+  // Runs each MoE layer's dense fallback FFN (moert-pack --dense-fallback) instead of
+  // its routed experts, or the experts again; takes effect at the next Forward.
+  virtual absl::Status SetDenseFallback(bool on) {
+    (void)on;
+    return absl::FailedPreconditionError(
+        "this model has no dense fallback FFN (moert-pack --dense-fallback)");
+  }
+  virtual bool has_dense_fallback() const { return false; }
+  // The degrade policy's actions (runtime/degrade_actions.h), between Forward calls.
+  // Compacts the expert pool now (moving unpinned blocks, bounded per call as the
+  // pool's own defragmentation is); FailedPrecondition without a pool.
+  virtual absl::Status Defragment() {
+    return absl::FailedPreconditionError("the model has no expert pool to defragment");
+  }
+  // Gives the OpenCL device up for the rest of the model's life (Backend::kAuto's
+  // failure path, on request): the CPU runs every later batch, BackendStats::cpu_reason
+  // says `why`. FailedPrecondition when the model already runs on the CPU.
+  virtual absl::Status UseCpuBackend(std::string_view why) {
+    (void)why;
+    return absl::FailedPreconditionError("the model already runs on the CPU");
+  }
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }

@@ -2,4 +2,5 @@
 list(APPEND MOERT_SOURCES
   pipeline/prefetcher.cc
   pipeline/moe_scheduler.cc
+  pipeline/degrade_policy.cc
 )

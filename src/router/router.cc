@@ -82,6 +82,10 @@ absl::Status Router::Validate(const RouterOptions& options) {
                                              ") must be 0 (the model's k) or >= k_min (",
                                              options.k_min, ")"));
   }
+  if (options.k_reduction < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("router k_reduction must be >= 0, got ", options.k_reduction));
+  }
   if (!std::isfinite(options.modality_lambda)) {
     return absl::InvalidArgumentError("modality lambda must be finite");
   }
@@ -136,7 +140,10 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
   const int n_slots = slots(n_used);
   const bool dynamic = options_.dynamic_k_p > 0;
   const int k_max = dynamic && options_.k_max > 0 ? std::min(options_.k_max, ne) : n_used;
-  const int k_limit = throttled_ ? std::max(1, k_max - 1) : k_max;
+  // The degrade policy's reduction; the thermal drop is one unless that is already more.
+  const int k_reduced = std::max(1, k_max - options_.k_reduction);
+  const int k_limit =
+      throttled_ ? std::max(1, k_max - std::max(1, options_.k_reduction)) : k_reduced;
   const int k_low = dynamic ? std::min(options_.k_min, k_limit) : k_limit;
 
   const float penalty = options_.alpha * pressure_;
@@ -219,7 +226,7 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
     }
     ++stats_.token_layers;
     stats_.experts += static_cast<uint64_t>(k);
-    if (k_limit < k_max) ++stats_.thermal_drops;
+    if (k_limit < k_reduced) ++stats_.thermal_drops;
   }
 }
 

@@ -9,8 +9,9 @@
 //              resident, lambda == 0) the k highest p, exactly as model::RouteToken
 //   weights  = p of the chosen experts (the unadjusted logits), divided by their sum
 //              when the architecture renormalises
-//   k        = the model's k, minus one above the thermal limit (never below 1); with
-//              dynamic k, the smallest k in [k_min, k_max] whose chosen experts' summed
+//   k        = the model's k less RouterOptions::k_reduction (the degrade policy's), or
+//              less one above the thermal limit when that is more (never below 1); with
+//              dynamic k, the smallest k in [k_min, that] whose chosen experts' summed
 //              p reaches dynamic_k_p
 // Slots past a token's k hold expert -1 and weight 0 (dynamic and thermal k).
 //
@@ -55,6 +56,10 @@ struct RouterOptions {
   // The modality bias's scale at a request of only image tokens (lambda is this times
   // the request's share of image tokens).
   float modality_lambda = 0;
+  // Experts fewer than the model's k (dynamic k's k_max) every token takes, never below
+  // 1: the degrade policy's reduce_top_k. The thermal limit's drop of one does not come
+  // on top of it (the larger of the two applies). 0: none.
+  int k_reduction = 0;
 };
 
 struct RouterStats {

@@ -22,6 +22,8 @@ struct moert_session {
   std::unique_ptr<moert::Session> session;
   std::string last_error;
   std::atomic<bool> cancel{false};
+  // What moert_stats::degrade_reason points to (the last moert_session_stats' copy).
+  mutable std::string degrade_reason;
 };
 
 namespace {
@@ -451,6 +453,9 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->images = s.images;
     stats->image_tokens = s.image_tokens;
     stats->image_encode_ms = s.image_encode_ms;
+    stats->degraded = s.degraded ? 1 : 0;
+    session->degrade_reason = s.degrade_reason;
+    stats->degrade_reason = session->degrade_reason.c_str();
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;
@@ -565,6 +570,19 @@ moert_status moert_runtime_set_cache_dir(moert_runtime* runtime, const char* dir
 moert_status moert_runtime_set_mlock(moert_runtime* runtime, int enabled) {
   return SetOption(runtime, "moert_runtime_set_mlock",
                    [&](moert::RuntimeOptions& o) { o.lock_weights = enabled != 0; });
+}
+
+moert_status moert_runtime_set_inference_guard(moert_runtime* runtime, int enabled) {
+  return SetOption(runtime, "moert_runtime_set_inference_guard",
+                   [&](moert::RuntimeOptions& o) { o.inference_guard = enabled != 0; });
+}
+
+moert_status moert_runtime_set_degrade_policy(moert_runtime* runtime, int enabled,
+                                              const char* rules_path) {
+  return SetOption(runtime, "moert_runtime_set_degrade_policy", [&](moert::RuntimeOptions& o) {
+    o.degrade_policy = enabled != 0;
+    o.degrade_rules_path = rules_path != nullptr ? rules_path : "";
+  });
 }
 
 moert_status moert_runtime_set_loader_deadline(moert_runtime* runtime, int32_t ms) {

@@ -16,6 +16,9 @@
 #include "model/chat_template.h"
 #include "model/model.h"
 #include "moert/runtime.h"
+#include "pipeline/degrade_policy.h"
+#include "runtime/degrade_actions.h"
+#include "runtime/inference_guard.h"
 #include "runtime/vision.h"
 #include "telemetry/platform.h"
 #include "tokenizer/tokenizer.h"
@@ -61,6 +64,15 @@ struct LoadedModel {
   // The sessions on this model, for TrimMemory (each registers itself).
   std::mutex sessions_mutex;
   std::vector<Session::Impl*> sessions;
+  // Degrading instead of failing (RuntimeOptions::inference_guard, degrade_policy): each
+  // session keeps its own policy state with these options; degrade_rules false: the
+  // options' rules are not evaluated (the guard's retry orders and latch still hold).
+  bool inference_guard = true;
+  bool degrade_rules = false;
+  pipeline::DegradePolicyOptions degrade;
+  // The lasting degrades sessions applied to the model (ModelActuator); under
+  // forward_mutex.
+  std::vector<std::string> degrades_in_force;
 };
 
 // MoERuntime::TrimMemory's work on one model: caps the expert pool (applied now when no
@@ -154,6 +166,12 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   // Runs positions; `rows` are the embedding rows of their kEmbeddingToken positions.
   absl::Status Forward(std::span<const int32_t> tokens,
                        std::span<const runtime::EmbeddingRow> rows = {});
+  // The context the session keeps: the cache's capacity, or less after shorter_context.
+  int Capacity() const;
+  // The degrade policy's shorter_context: halves Capacity() (not below kMinContext).
+  absl::Status ShortenContext();
+  // After a step of `tokens` tokens: the degrade policy's rules, once.
+  void DegradeStep(int64_t tokens);
   absl::Status RunGeneration(const GenerateRequest& request, const TokenCallback& on_token,
                              GenerateResult* result);
   // The model's memory figures, read between other sessions' steps.
@@ -191,6 +209,17 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   std::vector<float> logits_;
   GenerationStats stats_;
   int64_t evaluated_tokens_ = 0;  // tokens run through the model by this Generate
+
+  // Degrading (docs/degrade.md): the session's policy state, what it acts through, the
+  // guard (null when off), the steps run so far, and this Generate's degrades.
+  static constexpr int kMinContext = 32;
+  int context_limit_ = 0;  // 0: the cache's capacity
+  pipeline::DegradePolicy policy_;
+  runtime::ModelActuator actuator_;
+  runtime::ModelMetrics metrics_;
+  std::unique_ptr<runtime::InferenceGuard> guard_;
+  int64_t step_ = 0;
+  std::vector<std::string> degrades_;
 };
 
 }  // namespace moert

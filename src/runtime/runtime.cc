@@ -24,6 +24,7 @@
 #include "format/model_spec.h"
 #include "model/chat_template.h"
 #include "model/model.h"
+#include "pipeline/degrade_policy.h"
 #include "runtime/internal.h"
 #include "tokenizer/tokenizer.h"
 
@@ -102,6 +103,12 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   const auto start = std::chrono::steady_clock::now();
   ProgressReporter reporter(progress);
   reporter.Report(0.0f);
+  // A bad rule file is named before the model is read.
+  pipeline::DegradePolicyOptions degrade;
+  if (options.degrade_policy && !options.degrade_rules_path.empty()) {
+    MOERT_ASSIGN_OR_RETURN(degrade.rules,
+                           pipeline::ReadDegradeRulesFile(options.degrade_rules_path));
+  }
 
   auto file = format::GgufFile::Open(path);
   if (!file.ok()) return WithPath(file.status(), path);
@@ -172,6 +179,9 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
     }
   }
   loaded->context_length = loaded->model->memory_stats().kv_cache_positions;
+  loaded->inference_guard = options.inference_guard;
+  loaded->degrade_rules = options.degrade_policy;
+  loaded->degrade = std::move(degrade);
 
   ModelInfo& info = loaded->info;
   info.path = path;

@@ -312,9 +312,10 @@ absl::Status Session::Impl::BuildPrompt(const GenerateRequest& request, Prompt* 
 }
 
 absl::Status Session::Impl::FitPrompt(const GenerateRequest& request, Prompt* prompt) const {
-  const int n_ctx = cache_->capacity();
+  const int n_ctx = Capacity();
   const auto size = [&] { return static_cast<int>(prompt->tokens.size()); };
-  if (request.context_policy == ContextPolicy::kError) {
+  // A context shortened by the degrade policy slides whatever the request asked.
+  if (request.context_policy == ContextPolicy::kError && context_limit_ == 0) {
     if (size() <= n_ctx) return absl::OkStatus();
     return absl::OutOfRangeError(StrCat("the prompt is ", size(), " tokens but the context holds ",
                                         n_ctx,
@@ -378,14 +379,59 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
     }
     input.embeddings = embeddings;
   }
-  std::lock_guard<std::mutex> lock(model_->forward_mutex);
-  evaluated_tokens_ += static_cast<int64_t>(tokens.size());
-  return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
+  const auto attempt = [&] {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    evaluated_tokens_ += static_cast<int64_t>(tokens.size());
+    return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
+  };
+  ++step_;
+  MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
+  DegradeStep(static_cast<int64_t>(tokens.size()));
+  return absl::OkStatus();
+}
+
+int Session::Impl::Capacity() const {
+  const int capacity = cache_->capacity();
+  return context_limit_ > 0 ? std::min(capacity, context_limit_) : capacity;
+}
+
+absl::Status Session::Impl::ShortenContext() {
+  const int now = Capacity();
+  if (now <= kMinContext) {
+    return absl::FailedPreconditionError(
+        StrCat("shorter_context: the session keeps ", now, " positions, the least it may"));
+  }
+  context_limit_ = std::max(kMinContext, now / 2);
+  return absl::OkStatus();
+}
+
+void Session::Impl::DegradeStep(int64_t tokens) {
+  if (!model_->degrade_rules || policy_.latched()) return;
+  std::vector<pipeline::DegradeEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    events = policy_.Step(step_, metrics_.Read(tokens), actuator_);
+  }
+  for (const pipeline::DegradeEvent& e : events) {
+    if (!e.status.ok()) continue;
+    degrades_.push_back(StrCat(e.reason, ": ", pipeline::DegradeActionName(e.action), " (", e.value,
+                               " against ", e.bound, ")"));
+  }
 }
 
 Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
                     std::unique_ptr<model::KvCache> cache, bool stateless)
-    : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {
+    : model_(std::move(model)),
+      cache_(std::move(cache)),
+      stateless_(stateless),
+      policy_(model_->degrade),
+      actuator_(
+          model_->model.get(), [this] { return ShortenContext(); }, &model_->degrades_in_force),
+      metrics_(model_->model.get()) {
+  if (model_->inference_guard) {
+    guard_ =
+        std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex);
+  }
   std::lock_guard<std::mutex> lock(model_->sessions_mutex);
   model_->sessions.push_back(this);
 }
@@ -466,7 +512,7 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
 
 absl::Status Session::Impl::Slide() {
   const tokenizer::TokenId bos = model_->tokenizer.vocab().bos();
-  const size_t capacity = static_cast<size_t>(cache_->capacity());
+  const size_t capacity = static_cast<size_t>(Capacity());
   const size_t head =
       (capacity >= 4 && bos != tokenizer::kNoToken && !tokens_.empty() && tokens_[0] == bos);
   const size_t tail = std::max<size_t>(1, capacity / 2);
@@ -582,8 +628,8 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
       finish = FinishReason::kMaxTokens;
       break;
     }
-    if (cache_->size() >= cache_->capacity()) {
-      if (request.context_policy != ContextPolicy::kSlide) {
+    if (cache_->size() >= Capacity()) {
+      if (request.context_policy != ContextPolicy::kSlide && context_limit_ == 0) {
         finish = FinishReason::kContextFull;
         break;
       }
@@ -636,6 +682,7 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   *out = GenerateResult();
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
+  degrades_.clear();
   const model::MemoryStats before = MemoryStats();
   const router::RouterStats routed_before = RouterStats();
   const absl::Status status = RunGeneration(request, on_token, out);
@@ -658,6 +705,18 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
         static_cast<double>(n);
   }
   stats_.finish_reason = out->finish_reason;
+  std::vector<std::string> in_force;
+  {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    in_force = model_->degrades_in_force;
+  }
+  if (context_limit_ > 0) {
+    in_force.push_back(StrCat("shorter_context (", context_limit_, " positions)"));
+  }
+  if (!in_force.empty()) degrades_.push_back(StrCat("in force: ", StrJoin(in_force, ", ")));
+  if (policy_.latched()) degrades_.push_back(policy_.latch_reason());
+  out->degraded = stats_.degraded = !degrades_.empty();
+  out->degrade_reason = stats_.degrade_reason = StrJoin(degrades_, "; ");
   stats_.peak_rss_bytes = runtime::PeakRssBytes();
   const model::MemoryStats after = MemoryStats();
   stats_.budget_bytes = static_cast<int64_t>(after.budget_bytes);

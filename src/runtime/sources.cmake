@@ -4,6 +4,8 @@ list(APPEND MOERT_SOURCES
   runtime/status.cc
   runtime/runtime.cc
   runtime/session.cc
+  runtime/degrade_actions.cc
+  runtime/inference_guard.cc
   runtime/vision.cc
   runtime/c_api.cc
 )

@@ -300,6 +300,29 @@ TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
   EXPECT_EQ(cache->stats().misses, 5u);
 }
 
+TEST(ExpertCache, DefragmentCompactsSplitFreeBytes) {
+  const TestModel model = Model("defragment");
+  auto cache = Cache(model, 4 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  // Four blocks in use; 1 and 3 go, leaving two free blocks that are not buddies.
+  for (int e = 0; e < 4; ++e) ASSERT_TRUE(cache->Acquire(0, e).ok());
+  cache->Release(0, 1);
+  cache->Release(0, 3);
+  cache->EvictAll();
+  cache->Release(0, 0);
+  cache->Release(0, 2);
+  ASSERT_EQ(cache->stats().fragmentation, 0.5);
+  ASSERT_TRUE(cache->Defragment().ok());
+  const ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.fragmentation, 0.0);
+  EXPECT_EQ(s.largest_free_block, 2 * 128 * kKiB);
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  EXPECT_TRUE(cache->IsResident(0, 2));
+  Use(*cache, model, 0, 0);  // the moved expert's bytes moved with it
+  Use(*cache, model, 0, 2);
+  EXPECT_EQ(cache->stats().misses, 4u);
+}
+
 // Co-placement: in a pool of four 128 KiB blocks, experts 3 and 5 of layer 0 are routed
 // together for four steps. Then 3 and 2 stay pinned while 1 and 6 fill the pool and leave:
 // the holes are 3's buddy and 2's buddy, the latter freed last (the one first fit takes).

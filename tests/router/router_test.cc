@@ -2,6 +2,9 @@
 // routing (model::RouteToken) with no adjustment in force, and each adjustment
 // (residency under pressure, modality bias, thermal k, dynamic k) doing what
 // router/router.h says, on hand-made logits.
+#include "router/router.h"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,7 +21,6 @@
 #include "kernels/config.h"
 #include "model/layers.h"
 #include "router/resource_monitor.h"
-#include "router/router.h"
 #include "router/temp_dir.h"
 
 namespace moert::router {
@@ -439,6 +441,29 @@ TEST(RouterTest, ThermalLimitDropsKByOneButNeverBelowOne) {
   monitor.SetTemperature(std::nullopt);
   router.BeginStep();
   EXPECT_FALSE(router.thermal_throttled());
+}
+
+TEST(RouterTest, KReductionTakesExpertsOffAndTheThermalDropDoesNotStackOnIt) {
+  ResourceMonitorOptions monitor_options;
+  monitor_options.thermal_limit_c = 70;
+  monitor_options.thermal_root = "/nonexistent";
+  ResourceMonitor monitor(monitor_options);
+  RouterOptions options;
+  options.k_reduction = 1;
+  Router router(kernels::GetKernelConfig(), options, 1, 8, &monitor);
+  const std::vector<float> logits = {0.1f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, 0.5f, 0.2f};
+  router.BeginStep();
+  EXPECT_EQ(Route(router, 0, logits, 3, false).experts, (std::vector<int>{1, 2, -1}));
+  monitor.SetTemperature(85.0f);  // k - 1 already: the heat takes no more
+  router.BeginStep();
+  EXPECT_EQ(Route(router, 0, logits, 3, false).experts, (std::vector<int>{1, 2, -1}));
+  EXPECT_EQ(router.stats().thermal_drops, 0u);
+  options.k_reduction = 5;  // never below one
+  router.set_options(options);
+  EXPECT_EQ(Route(router, 0, logits, 3, false).experts, (std::vector<int>{1, -1, -1}));
+  options.k_reduction = -1;
+  EXPECT_THAT(std::string(Router::Validate(options).message()),
+              ::testing::HasSubstr("k_reduction"));
 }
 
 TEST(RouterTest, DynamicKTakesTheFewestExpertsThatCoverP) {

@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
   CHECK(stats.prefill_tokens == 3);
   CHECK(stats.generated_tokens == 32);
   CHECK(stats.finish_reason == MOERT_FINISH_MAX_TOKENS);
+  /* The guard is on by default and changes nothing for a request that succeeds. */
+  CHECK(stats.degraded == 0);
+  CHECK(stats.degrade_reason != NULL && stats.degrade_reason[0] == '\0');
   CHECK(stats.prefill_tokens_per_second > 0 && stats.decode_tokens_per_second > 0);
   CHECK(stats.time_to_first_token_ms > 0);
   CHECK(stats.peak_rss_bytes > 0);
@@ -297,6 +300,14 @@ int main(int argc, char** argv) {
     CHECK_STATUS(moert_runtime_set_cache_dir(NULL, "/tmp"), MOERT_INVALID_ARGUMENT);
     CHECK_STATUS(moert_runtime_set_cache_dir(runtime, NULL), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_mlock(runtime, 1), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_inference_guard(NULL, 1), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_runtime_set_inference_guard(runtime, 1), MOERT_OK);
+    /* A rules file that cannot be read fails the load, naming it. */
+    CHECK_STATUS(moert_runtime_set_degrade_policy(runtime, 1, "/nonexistent/moert.rules"),
+                 MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model(runtime, q4_path, NULL, NULL), MOERT_NOT_FOUND);
+    CHECK(strstr(moert_last_error(runtime), "/nonexistent/moert.rules") != NULL);
+    CHECK_STATUS(moert_runtime_set_degrade_policy(runtime, 0, NULL), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_io_mode(runtime, MOERT_IO_BUFFERED), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.25), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_router_alpha(runtime, -1.0f), MOERT_INVALID_ARGUMENT);

@@ -2,13 +2,13 @@
 // tokens as fully resident experts, its figures reach GenerationStats, bad options and
 // a budget below the weights are clear errors, and the hot set is written beside the
 // model when the model is unloaded and read back at the next load.
-#include <cmath>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/greedy_request.h"
 #include "moert/runtime.h"
 
 namespace moert {
@@ -34,13 +35,7 @@ RuntimeOptions Options() {
   return options;
 }
 
-GenerateRequest Greedy(int max_tokens) {
-  GenerateRequest request;
-  request.prompt = "ROMEO:";
-  request.max_tokens = max_tokens;
-  request.temperature = 0.0f;
-  return request;
-}
+using test_util::Greedy;
 
 std::unique_ptr<MoERuntime> Loaded(const RuntimeOptions& options, const std::string& path) {
   std::unique_ptr<MoERuntime> runtime;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/greedy_request.h"
 #include "moert/moert.h"
 #include "moert/runtime.h"
 
@@ -34,13 +35,7 @@ RuntimeOptions Options() {
   return options;
 }
 
-GenerateRequest Greedy(int max_tokens) {
-  GenerateRequest request;
-  request.prompt = "ROMEO:";
-  request.max_tokens = max_tokens;
-  request.temperature = 0.0f;
-  return request;
-}
+using test_util::Greedy;
 
 TEST(ThreadSafetyTest, AnyThreadCallsRaceWithLoadModelAndGenerate) {
   std::unique_ptr<MoERuntime> runtime;
