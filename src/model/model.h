@@ -333,6 +333,14 @@ class Model {
   // in progress, if any, finishes in the background. Never waits; a no-op without a
   // pool. Call it between Forward calls, from the thread that runs them.
   virtual void CancelPendingLoads() {}
+  // Runs each MoE layer's dense fallback FFN (moert-pack --dense-fallback) instead of
+  // its routed experts, or the experts again; takes effect at the next Forward.
+  virtual absl::Status SetDenseFallback(bool on) {
+    (void)on;
+    return absl::FailedPreconditionError(
+        "this model has no dense fallback FFN (moert-pack --dense-fallback)");
+  }
+  virtual bool has_dense_fallback() const { return false; }
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }
