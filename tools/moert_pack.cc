@@ -684,6 +684,12 @@ int Run(const Options& options) {
           PrintProgress);
       if (!measured.ok()) return Fail(measured.status());
       frequencies.emplace(measured->frequencies);
+      std::fprintf(stderr, "moert-pack: share of the routing weight per expert:\n");
+      for (int il = 0; il < frequencies->n_layer(); ++il) {
+        std::fprintf(stderr, "  layer %d:", il);
+        for (double f : frequencies->Of(il)) std::fprintf(stderr, " %.3f", f);
+        std::fprintf(stderr, "\n");
+      }
       if (!before && options.eval.empty()) {
         tokens = std::move(*calib_tokens);
         before = measured->perplexity;
