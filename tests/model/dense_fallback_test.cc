@@ -13,10 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "backend/fake_backend.h"
 #include "common/greedy_run.h"
 #include "common/oracle_file.h"
 #include "core/strings.h"
@@ -236,6 +238,34 @@ TEST(DenseFallbackTest, NoExpertLoadsWhileOnWithAnExpertPool) {
   EXPECT_TRUE(SameBits(routed.prefill, reference.prefill));
   EXPECT_TRUE(SameBits(routed.decode, reference.decode));
   EXPECT_EQ(routed.tokens, reference.tokens);
+}
+
+// On a device backend (a fake one with most ops), the fallback runs in the device's
+// graph with the CPU's logits bit for bit.
+TEST(DenseFallbackTest, RunsOnADeviceBackendAsOnTheCpu) {
+  std::unique_ptr<Model> cpu = Load(FallbackFile());
+  ASSERT_NE(cpu, nullptr);
+  ModelLoadOptions options = Options();
+  options.backend = Backend::kOpenCl;
+  auto counts = std::make_shared<backend::testing::FakeCounts>();
+  options.device_backend = [&]() -> absl::StatusOr<std::unique_ptr<backend::Backend>> {
+    using backend::Op;
+    return std::unique_ptr<backend::Backend>(std::make_unique<backend::testing::FakeBackend>(
+        std::set<Op>{Op::kMatMul, Op::kRmsNorm, Op::kAdd, Op::kSiluMul, Op::kGatherRows,
+                     Op::kMoeCombine, Op::kRope, Op::kTopK, Op::kFusedMoe, Op::kAddBias},
+        counts));
+  };
+  std::unique_ptr<Model> device = Load(FallbackFile(), options);
+  ASSERT_NE(device, nullptr);
+  ASSERT_EQ(device->backend_stats().backend, "Fake");
+  ASSERT_TRUE(cpu->SetDenseFallback(true).ok());
+  ASSERT_TRUE(device->SetDenseFallback(true).ok());
+  const test_util::GreedyRun want = test_util::RunGreedy(*cpu, 20, 4);
+  const test_util::GreedyRun got = test_util::RunGreedy(*device, 20, 4);
+  EXPECT_TRUE(SameBits(got.prefill, want.prefill));
+  EXPECT_TRUE(SameBits(got.decode, want.decode));
+  EXPECT_EQ(device->backend_stats().fallbacks, 0u);
+  EXPECT_GT(counts->ops, 0u);
 }
 
 // The budget counts the fallback with the other weights outside the pool: 12 matrices
