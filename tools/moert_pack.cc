@@ -4,7 +4,9 @@
 // checksum (moert.expert_xxh64), so that even the first load of one is verified. With
 // --sparsity 2:4 the experts are pruned to W4S24, by magnitude or, given a calibration
 // text, by |w| * RMS of the activations each input column sees; with a text it also
-// prints the perplexity on that text before and after.
+// prints the perplexity on that text before and after. With --dense-fallback (and a
+// calibration text) it also writes each MoE layer's dense fallback FFN, the routing-
+// frequency-weighted mean of its experts (dense_fallback.h), and prints its perplexity.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +40,7 @@
 #include "model/layers.h"
 #include "model/model.h"
 #include "model/perplexity.h"
+#include "dense_fallback.h"
 #include "modality_calib.h"
 #include "router/modality_bias.h"
 #include "router/router.h"
@@ -70,6 +73,12 @@ constexpr char kUsage[] =
     "  --calib TEXT           calibration text: prune by |w| * RMS of the activations each\n"
     "                         input column sees on TEXT (a forward pass of IN over it), and\n"
     "                         print the perplexity on TEXT before and after packing\n"
+    "  --dense-fallback       also write per MoE layer one dense FFN, the mean of its\n"
+    "                         experts weighted by how much routing weight each got on\n"
+    "                         CALIB (blk.N.ffn_{gate,up,down}_dense_fallback: Q4_0 for\n"
+    "                         4-bit experts, else Q8_0), which the runtime can run instead\n"
+    "                         of the experts (Model::SetDenseFallback); needs --calib,\n"
+    "                         prints its perplexity (`PPL dense fallback = ...`)\n"
     "  --eval TEXT            score the perplexity on this text instead of the\n"
     "                         calibration text (held-out text: an honest comparison)\n"
     "  --prune-by magnitude|activations\n"
@@ -90,7 +99,8 @@ constexpr char kUsage[] =
     "  -h, --help             show this help\n"
     "\n"
     "Results go to stdout: one line per perplexity, `PPL before = X +/- E` and\n"
-    "`PPL after = X +/- E (+P%)`; progress to stderr.\n";
+    "`PPL after = X +/- E (+P%)`, `PPL dense fallback = X +/- E (+P%)`; progress to\n"
+    "stderr.\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "moert-pack: error: %s\n", message.c_str());
@@ -113,6 +123,7 @@ struct Options {
   std::string in;
   std::string out;
   bool sparse = false;
+  bool dense_fallback = false;  // --dense-fallback
   std::string calib;
   std::string eval;
   PruneBy prune_by = PruneBy::kDefault;
@@ -274,58 +285,6 @@ class Calibration {
   std::vector<Layer> layers_;
 };
 
-// Every metadata entry of `file`, as stored, except those `skip` says no to.
-template <typename Skip>
-void CopyMetadata(const GgufFile& file, moert::format::GgufWriter* w, Skip skip) {
-  for (const moert::format::GgufKeyValue& kv : file.metadata()) {
-    if (skip(kv.key)) continue;
-    const moert::format::GgufValue& v = kv.value;
-    switch (v.type) {
-      case GgufValueType::kUint8:
-        w->SetUint8(kv.key, static_cast<uint8_t>(v.u64));
-        break;
-      case GgufValueType::kInt8:
-        w->SetInt8(kv.key, static_cast<int8_t>(v.i64));
-        break;
-      case GgufValueType::kUint16:
-        w->SetUint16(kv.key, static_cast<uint16_t>(v.u64));
-        break;
-      case GgufValueType::kInt16:
-        w->SetInt16(kv.key, static_cast<int16_t>(v.i64));
-        break;
-      case GgufValueType::kUint32:
-        w->SetUint32(kv.key, static_cast<uint32_t>(v.u64));
-        break;
-      case GgufValueType::kInt32:
-        w->SetInt32(kv.key, static_cast<int32_t>(v.i64));
-        break;
-      case GgufValueType::kUint64:
-        w->SetUint64(kv.key, v.u64);
-        break;
-      case GgufValueType::kInt64:
-        w->SetInt64(kv.key, v.i64);
-        break;
-      case GgufValueType::kFloat32:
-        w->SetFloat32(kv.key, static_cast<float>(v.f64));
-        break;
-      case GgufValueType::kFloat64:
-        w->SetFloat64(kv.key, v.f64);
-        break;
-      case GgufValueType::kBool:
-        w->SetBool(kv.key, v.u64 != 0);
-        break;
-      case GgufValueType::kString:
-        w->SetString(kv.key, v.str);
-        break;
-      case GgufValueType::kArray:
-        // The elements' bytes as the file holds them (strings length-prefixed, nested
-        // arrays encoded): written back verbatim.
-        w->SetArray(kv.key, v.array_type, v.array_size, v.array_bytes);
-        break;
-    }
-  }
-}
-
 // One tensor of the output: packed (a routed-expert tensor of whole tiles) or copied.
 struct Plan {
   const GgufTensorInfo* tensor = nullptr;
@@ -466,16 +425,25 @@ absl::StatusOr<std::optional<std::vector<uint64_t>>> ExpertChecksums(
 absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
                          const std::vector<Plan>& plans, const Options& options,
                          const Calibration* calibration,
-                         const std::vector<float>* modality_bias, const std::string& path,
-                         std::vector<std::string>* notes) {
+                         const std::vector<float>* modality_bias,
+                         const moert::tools::RoutingFrequencies* frequencies,
+                         const std::vector<moert::tools::FallbackTensor>* fallback,
+                         const std::string& path, std::vector<std::string>* notes) {
   moert::format::GgufWriter writer;
   // IN's own checksums (if any) are of IN's bytes: OUT gets its own below; a new
   // modality bias replaces IN's.
-  CopyMetadata(file, &writer, [&](std::string_view key) {
+  writer.CopyMetadata(file, [&](std::string_view key) {
     return key == moert::experts::kChecksumKey ||
            (modality_bias != nullptr && (key == moert::router::kModalityBiasKey ||
-                                         key == moert::router::kLegacyModalityBiasKey));
+                                         key == moert::router::kLegacyModalityBiasKey)) ||
+           (frequencies != nullptr && (key == moert::tools::kDenseFallbackFrequencyKey ||
+                                       key == moert::tools::kDenseFallbackCalibrationKey));
   });
+  if (frequencies != nullptr) {
+    writer.SetFloat32Array(moert::tools::kDenseFallbackFrequencyKey, frequencies->All());
+    writer.SetString(moert::tools::kDenseFallbackCalibrationKey,
+                     std::filesystem::path(options.calib).filename().string());
+  }
   if (modality_bias != nullptr) {
     writer.SetFloat32Array(moert::router::kModalityBiasKey, *modality_bias);
   }
@@ -499,6 +467,11 @@ absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
     const GgmlType type = p.pack ? moert::backend::PackedTypeOf(p.format) : p.tensor->type;
     MOERT_RETURN_IF_ERROR(writer.DeclareTensor(p.tensor->name, type, p.tensor->dims));
   }
+  if (fallback != nullptr) {
+    for (const moert::tools::FallbackTensor& t : *fallback) {
+      MOERT_RETURN_IF_ERROR(writer.DeclareTensor(t.name, t.type, t.dims));
+    }
+  }
   MOERT_ASSIGN_OR_RETURN(std::unique_ptr<moert::format::GgufTensorStream> stream,
                          writer.OpenStream(path));
   std::vector<uint8_t> packed;
@@ -516,6 +489,11 @@ absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
       MOERT_RETURN_IF_ERROR(stream->Write(packed));
     }
   }
+  if (fallback != nullptr) {
+    for (const moert::tools::FallbackTensor& t : *fallback) {
+      MOERT_RETURN_IF_ERROR(stream->Write(t.bytes));
+    }
+  }
   return stream->Finish();
 }
 
@@ -525,7 +503,7 @@ absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
 absl::Status WriteUnpacked(const GgufFile& packed, const std::string& path) {
   moert::format::GgufWriter writer;
   // The expert checksums are of the packed bytes: they do not hold for these.
-  CopyMetadata(packed, &writer, [](std::string_view key) {
+  writer.CopyMetadata(packed, [](std::string_view key) {
     return key.substr(0, 11) == "moert.pack." || key == moert::experts::kChecksumKey;
   });
   for (const GgufTensorInfo& t : packed.tensors()) {
@@ -553,28 +531,31 @@ absl::Status WriteUnpacked(const GgufFile& packed, const std::string& path) {
   return stream->Finish();
 }
 
+void PrintProgress(const moert::model::PerplexityProgress& p) {
+  std::fprintf(stderr, "[%d/%d]%.4f%s", p.chunk, p.n_chunks, p.ppl,
+               p.chunk == p.n_chunks ? "\n" : ",");
+  std::fflush(stderr);
+}
+
 // Perplexity of `file`'s model over `tokens` on the fp32 reference path (so that the
 // difference before/after is the packing's alone), calling `observer` with every
-// layer's FFN input when given.
+// layer's FFN input when given; with `dense_fallback`, of its dense fallback FFN.
 absl::StatusOr<moert::model::PerplexityResult> Perplexity(
     const GgufFile& file, const std::vector<int32_t>& tokens, const Options& options, int32_t bos,
-    std::function<void(int, int64_t, const float*)> observer) {
+    std::function<void(int, int64_t, const float*)> observer, bool dense_fallback = false) {
   moert::model::ModelLoadOptions load;
   load.threads = options.threads;
   load.quantized_kernels = false;
   load.ffn_input_observer = std::move(observer);
   MOERT_ASSIGN_OR_RETURN(std::unique_ptr<moert::model::Model> model,
                          moert::model::Model::Load(file, load));
+  if (dense_fallback) MOERT_RETURN_IF_ERROR(model->SetDenseFallback(true));
   moert::model::PerplexityOptions ppl;
   ppl.n_ctx = options.n_ctx;
   ppl.n_batch = options.n_ctx;
   ppl.max_chunks = options.max_chunks;
   ppl.bos = bos;
-  ppl.progress = [](const moert::model::PerplexityProgress& p) {
-    std::fprintf(stderr, "[%d/%d]%.4f%s", p.chunk, p.n_chunks, p.ppl,
-                 p.chunk == p.n_chunks ? "\n" : ",");
-    std::fflush(stderr);
-  };
+  ppl.progress = PrintProgress;
   return moert::model::ComputePerplexity(*model, tokens, ppl);
 }
 
@@ -648,7 +629,9 @@ int Run(const Options& options) {
     modality_bias = std::move(result->bias);
   }
   const bool score = !options.eval.empty() ||
-                     (!options.calib.empty() && (!options.modality_bias || options.sparse));
+                     (!options.calib.empty() &&
+                      (!options.modality_bias || options.sparse || options.dense_fallback));
+  std::optional<moert::tools::RoutingFrequencies> frequencies;
   if (score) {
     auto tokenizer = moert::tokenizer::Tokenizer::FromGguf(file);
     if (!tokenizer.ok()) return Fail(tokenizer.status());
@@ -689,6 +672,29 @@ int Run(const Options& options) {
                      calibration->UnseenExperts());
       }
     }
+    if (options.dense_fallback) {
+      auto calib_tokens = tokenize(options.calib);
+      if (!calib_tokens.ok()) return Fail(calib_tokens.status());
+      std::fprintf(stderr,
+                   "moert-pack: %zu tokens of '%s' through %s (counting the routing weight of "
+                   "each expert)\n",
+                   calib_tokens->size(), options.calib.c_str(), options.in.c_str());
+      auto measured = moert::tools::MeasureRoutingFrequencies(
+          file, *calib_tokens, options.n_ctx, options.max_chunks, bos, options.threads,
+          PrintProgress);
+      if (!measured.ok()) return Fail(measured.status());
+      frequencies.emplace(measured->frequencies);
+      std::fprintf(stderr, "moert-pack: share of the routing weight per expert:\n");
+      for (int il = 0; il < frequencies->n_layer(); ++il) {
+        std::fprintf(stderr, "  layer %d:", il);
+        for (double f : frequencies->Of(il)) std::fprintf(stderr, " %.3f", f);
+        std::fprintf(stderr, "\n");
+      }
+      if (!before && options.eval.empty()) {
+        tokens = std::move(*calib_tokens);
+        before = measured->perplexity;
+      }
+    }
     if (!before) {
       const std::string& path = options.eval.empty() ? options.calib : options.eval;
       auto scored = tokenize(path);
@@ -703,15 +709,30 @@ int Run(const Options& options) {
     PrintPpl("before", *before);
   }
 
+  std::optional<std::vector<moert::tools::FallbackTensor>> fallback;
+  if (frequencies) {
+    auto tensors = moert::tools::DenseFallbackTensors(file, spec, *frequencies);
+    if (!tensors.ok()) return Fail(tensors.status());
+    fallback = std::move(*tensors);
+  }
   std::vector<std::string> notes;
-  const std::vector<Plan> plans = MakePlans(file, spec, options.sparse, &notes);
+  std::vector<Plan> plans = MakePlans(file, spec, options.sparse, &notes);
+  if (fallback) {
+    // IN's own fallback (if any) is replaced by the new one.
+    std::erase_if(plans, [&](const Plan& p) {
+      return std::any_of(
+          fallback->begin(), fallback->end(),
+          [&](const moert::tools::FallbackTensor& t) { return t.name == p.tensor->name; });
+    });
+  }
   for (const std::string& note : notes) std::fprintf(stderr, "moert-pack: %s\n", note.c_str());
   // Written beside OUT, then renamed: a failed run leaves no half-written OUT.
   const std::string partial = options.out + ".partial";
   std::vector<std::string> checksum_notes;
   absl::Status status =
       WritePacked(file, spec, plans, options, calibration.get(),
-                  modality_bias ? &*modality_bias : nullptr, partial, &checksum_notes);
+                  modality_bias ? &*modality_bias : nullptr, frequencies ? &*frequencies : nullptr,
+                  fallback ? &*fallback : nullptr, partial, &checksum_notes);
   for (const std::string& note : checksum_notes) {
     std::fprintf(stderr, "moert-pack: %s\n", note.c_str());
   }
@@ -731,11 +752,14 @@ int Run(const Options& options) {
     packed += p.pack ? 1 : 0;
     expert_tensors += p.expert ? 1 : 0;
   }
-  std::fprintf(stderr, "moert-pack: wrote %s: %d of %d routed-expert tensors packed (%s)%s\n",
+  const std::string fallback_note =
+      fallback ? StrCat(", dense fallback FFN in ", fallback->size() / 3, " layers") : "";
+  std::fprintf(stderr, "moert-pack: wrote %s: %d of %d routed-expert tensors packed (%s)%s%s\n",
                options.out.c_str(), packed, expert_tensors, options.sparse ? "2:4 sparse" : "dense",
                options.sparse
                    ? (calibration ? ", pruned by |w| * activation RMS" : ", pruned by magnitude")
-                   : "");
+                   : "",
+               fallback_note.c_str());
 
   if (!before) return 0;
   // The perplexity after: from OUT itself when the model loader reads packed files,
@@ -743,7 +767,9 @@ int Run(const Options& options) {
   // without loss (the same values).
   auto out_file = GgufFile::Open(options.out);
   if (!out_file.ok()) return Fail(out_file.status());
-  auto after = Perplexity(**out_file, tokens, options, bos, nullptr);
+  const GgufFile* scored = out_file->get();
+  std::unique_ptr<GgufFile> unpacked;
+  auto after = Perplexity(*scored, tokens, options, bos, nullptr);
   if (!after.ok()) {
     std::fprintf(stderr,
                  "moert-pack: the model loader does not read %s (%s); measuring the same values "
@@ -754,16 +780,22 @@ int Run(const Options& options) {
     if (status.ok()) {
       auto temp_file = GgufFile::Open(temp);
       if (temp_file.ok()) {
-        after = Perplexity(**temp_file, tokens, options, bos, nullptr);
+        unpacked = std::move(*temp_file);
+        scored = unpacked.get();
+        after = Perplexity(*scored, tokens, options, bos, nullptr);
       } else {
         status = temp_file.status();
       }
     }
-    std::remove(temp.c_str());
+    std::remove(temp.c_str());  // an open file stays readable until it is closed
     if (!status.ok()) return Fail(status);
     if (!after.ok()) return Fail(after.status());
   }
   PrintPpl("after", *after, before->ppl);
+  if (!fallback) return 0;
+  auto dense = Perplexity(*scored, tokens, options, bos, nullptr, /*dense_fallback=*/true);
+  if (!dense.ok()) return Fail(dense.status());
+  PrintPpl("dense fallback", *dense, before->ppl);
   return 0;
 }
 
@@ -796,6 +828,8 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (v == nullptr) return Fail("--sparsity needs 2:4 or none (see --help)");
       sparsity = v;
+    } else if (arg == "--dense-fallback") {
+      options.dense_fallback = true;
     } else if (arg == "--calib") {
       const char* v = value();
       if (v == nullptr) return Fail("--calib needs a TEXT file (see --help)");
@@ -857,6 +891,9 @@ int main(int argc, char** argv) {
   }
   if (options.prune_by == PruneBy::kActivations && options.calib.empty()) {
     return Fail("--prune-by activations needs a calibration text (--calib TEXT)");
+  }
+  if (options.dense_fallback && options.calib.empty()) {
+    return Fail("--dense-fallback needs a calibration text (--calib TEXT)");
   }
   if (options.n_ctx < 3) return Fail(StrCat("-c needs at least 3 tokens, got ", options.n_ctx));
   if (options.modality_bias &&

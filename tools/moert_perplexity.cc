@@ -57,6 +57,8 @@ constexpr char kUsage[] =
     "  --prefetch on|off       with a pool, read the experts the next layer's router\n"
     "                          predicts while this layer computes (default off)\n"
     "  --prefetch-depth N      predict N layers ahead (default 1)\n"
+    "  --dense-fallback        run each MoE layer's dense fallback FFN (moert-pack\n"
+    "                          --dense-fallback) instead of its routed experts\n"
     "  --backend cpu|opencl|auto  where the model runs (default cpu; auto: an OpenCL\n"
     "                          GPU that passes a self-test, else the CPU)\n"
     "  --trace FILE            record trace spans and write them to FILE at exit\n"
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
   float thermal_limit = 0;
   bool prefetch = false;
   int prefetch_depth = 1;
+  bool dense_fallback = false;
   moert::model::Backend backend = moert::model::Backend::kCpu;
   std::string trace_path;  // --trace FILE
 
@@ -195,6 +198,8 @@ int main(int argc, char** argv) {
       const char* v = value("a FILE");
       if (v == nullptr) return 1;
       trace_path = v;
+    } else if (arg == "--dense-fallback") {
+      dense_fallback = true;
     } else if (arg == "--prefetch-depth") {
       if (!count("a number of layers", &prefetch_depth)) return 1;
     } else if (arg == "-ctk" || arg == "--cache-type-k" || arg == "-ctv" ||
@@ -256,6 +261,12 @@ int main(int argc, char** argv) {
   load_options.backend = backend;
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
+  if (dense_fallback) {
+    if (absl::Status status = (*model)->SetDenseFallback(true); !status.ok()) {
+      return Fail(model_path + ": " + std::string(status.message()));
+    }
+    std::fprintf(stderr, "moert-perplexity: dense fallback FFN instead of the routed experts\n");
+  }
   const moert::model::BackendStats backend_stats = (*model)->backend_stats();
   if (backend_stats.backend != "CPU") {
     std::fprintf(stderr, "moert-perplexity: backend %s on %s, driver %s\n",

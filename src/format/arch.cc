@@ -77,6 +77,9 @@ std::string_view TensorPattern(TensorKind kind) {
     case TensorKind::kFfnGateShexp: return "ffn_gate_shexp";
     case TensorKind::kFfnUpShexp: return "ffn_up_shexp";
     case TensorKind::kFfnDownShexp: return "ffn_down_shexp";
+    case TensorKind::kFfnGateDenseFallback: return "ffn_gate_dense_fallback";
+    case TensorKind::kFfnUpDenseFallback: return "ffn_up_dense_fallback";
+    case TensorKind::kFfnDownDenseFallback: return "ffn_down_dense_fallback";
   }
   return "";
 }

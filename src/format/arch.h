@@ -78,6 +78,11 @@ enum class TensorKind {
   kFfnGateShexp,
   kFfnUpShexp,
   kFfnDownShexp,
+  // A MoE layer's dense fallback FFN (moert-pack --dense-fallback): the routing-
+  // frequency-weighted mean of its experts, run instead of them in a degraded mode.
+  kFfnGateDenseFallback,
+  kFfnUpDenseFallback,
+  kFfnDownDenseFallback,
 };
 
 struct ArchInfo {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -365,6 +366,57 @@ absl::Status GgufTensorStream::Finish() {
   std::FILE* file = std::exchange(file_, nullptr);
   if (std::fclose(file) != 0) return FileError("close", path_, errno);
   return absl::OkStatus();
+}
+
+void GgufWriter::CopyMetadata(const GgufFile& file,
+                              const std::function<bool(std::string_view key)>& skip) {
+  for (const GgufKeyValue& kv : file.metadata()) {
+    if (skip && skip(kv.key)) continue;
+    const GgufValue& v = kv.value;
+    switch (v.type) {
+      case GgufValueType::kUint8:
+        SetUint8(kv.key, static_cast<uint8_t>(v.u64));
+        break;
+      case GgufValueType::kInt8:
+        SetInt8(kv.key, static_cast<int8_t>(v.i64));
+        break;
+      case GgufValueType::kUint16:
+        SetUint16(kv.key, static_cast<uint16_t>(v.u64));
+        break;
+      case GgufValueType::kInt16:
+        SetInt16(kv.key, static_cast<int16_t>(v.i64));
+        break;
+      case GgufValueType::kUint32:
+        SetUint32(kv.key, static_cast<uint32_t>(v.u64));
+        break;
+      case GgufValueType::kInt32:
+        SetInt32(kv.key, static_cast<int32_t>(v.i64));
+        break;
+      case GgufValueType::kUint64:
+        SetUint64(kv.key, v.u64);
+        break;
+      case GgufValueType::kInt64:
+        SetInt64(kv.key, v.i64);
+        break;
+      case GgufValueType::kFloat32:
+        SetFloat32(kv.key, static_cast<float>(v.f64));
+        break;
+      case GgufValueType::kFloat64:
+        SetFloat64(kv.key, v.f64);
+        break;
+      case GgufValueType::kBool:
+        SetBool(kv.key, v.u64 != 0);
+        break;
+      case GgufValueType::kString:
+        SetString(kv.key, v.str);
+        break;
+      case GgufValueType::kArray:
+        // The elements' bytes as the file holds them (strings length-prefixed, nested
+        // arrays encoded): written back verbatim.
+        SetArray(kv.key, v.array_type, v.array_size, v.array_bytes);
+        break;
+    }
+  }
 }
 
 }  // namespace moert::format

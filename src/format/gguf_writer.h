@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,6 +47,10 @@ class GgufWriter {
   // for kArray the bytes are the nested arrays' encodings).
   void SetArray(std::string_view key, GgufValueType element_type, uint64_t count,
                 std::span<const uint8_t> element_bytes);
+  // Every metadata entry of `file`, as stored (arrays' element bytes verbatim), except
+  // those `skip` (may be empty) says yes to.
+  void CopyMetadata(const GgufFile& file,
+                    const std::function<bool(std::string_view key)>& skip = {});
   // Removes `key` where it is set (tests and the model fuzzer leave keys out); for
   // general.alignment the layout goes back to the default alignment.
   void Remove(std::string_view key);

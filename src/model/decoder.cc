@@ -116,6 +116,7 @@ pipeline::PooledPlacement PlacementOf(PooledExperts placement) {
 absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   GraphOptions cpu_options;
   cpu_options.ffn_input_observer = &ffn_input_observer_;
+  cpu_options.dense_fallback = &dense_fallback_;
   cpu_options.k_type = kv_types_.k;
   cpu_options.v_type = kv_types_.v;
   cpu_graph_ = std::make_unique<LayerGraph>(*cpu_, Weights(), &moe_services_, nullptr, cpu_options);
@@ -169,6 +170,7 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
     GraphOptions device_options;
     device_options.placement = PlacementOf(options.opencl_pooled_experts);
     device_options.kv_half = options.opencl_kv_half;
+    device_options.dense_fallback = &dense_fallback_;
     device_graph_ = std::make_unique<LayerGraph>(*device_, Weights(), &moe_services_,
                                                  cpu_graph_.get(), device_options);
     status = device_graph_->Init();
@@ -323,6 +325,12 @@ absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
 
 void DecoderModel::CancelPendingLoads() {
   if (expert_cache_ != nullptr) expert_cache_->CancelQueuedLoads();
+}
+
+absl::Status DecoderModel::SetDenseFallback(bool on) {
+  if (!has_dense_fallback_) return Model::SetDenseFallback(on);
+  dense_fallback_requested_.store(on, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
@@ -556,9 +564,22 @@ absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {
   MOERT_RETURN_IF_ERROR(loader.LoadOptionalVector(TensorWeightName(TensorKind::kRopeFreqs),
                                                   spec_.n_rot / 2, &rope_freqs_));
   layers_.resize(spec_.n_layer);
+  int fallbacks = 0;
   for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
     MOERT_RETURN_IF_ERROR(LoadLayer(loader, il, &layers_[il]));
+    fallbacks += layers_[il].dense_fallback.gate.empty() ? 0 : 1;
   }
+  // In measure mode the matrices stay empty: the flag is set by the real load.
+  if (fallbacks > 0 && fallbacks < static_cast<int>(spec_.n_layer)) {
+    for (int il = 0; il < static_cast<int>(spec_.n_layer); ++il) {
+      if (!layers_[il].dense_fallback.gate.empty()) continue;
+      return absl::InvalidArgumentError(StrCat(
+          "missing tensor '", TensorWeightName(TensorKind::kFfnGateDenseFallback, il), "': ",
+          fallbacks, " of ", spec_.n_layer,
+          " MoE layers have a dense fallback FFN (moert-pack --dense-fallback writes every one)"));
+    }
+  }
+  has_dense_fallback_ = spec_.is_moe() && fallbacks == static_cast<int>(spec_.n_layer);
   return absl::OkStatus();
 }
 
@@ -615,6 +636,10 @@ absl::Status DecoderModel::Forward(const ForwardInput& input, KvCache* cache, Lo
                                         " positions (", pos0, " already filled)"));
   }
 
+  const bool dense_fallback = dense_fallback_requested_.load(std::memory_order_acquire);
+  // Prefetches queued for the routed experts would only load what no step uses now.
+  if (dense_fallback && !dense_fallback_) CancelPendingLoads();
+  dense_fallback_ = dense_fallback;
   ApplyMemoryLimits(/*drop_unused=*/false);
   if (router_ != nullptr) router_->SetImageShare(input.image_share);
   const int64_t n_vocab = spec_.n_vocab;
@@ -726,6 +751,27 @@ absl::Status LoadDenseFfn(WeightLoader& loader, const ModelSpec& spec, int layer
   return loader.LoadMatMul(TensorWeightName(TensorKind::kFfnDown, layer), n_embd, n_ff, 1, &w->down);
 }
 
+absl::Status LoadDenseFallbackFfn(WeightLoader& loader, const ModelSpec& spec, int layer,
+                                  FfnWeights* w) {
+  const TensorKind kinds[3] = {TensorKind::kFfnGateDenseFallback, TensorKind::kFfnUpDenseFallback,
+                               TensorKind::kFfnDownDenseFallback};
+  bool any = false;
+  for (TensorKind kind : kinds) any = any || loader.Has(TensorWeightName(kind, layer));
+  if (!any) return absl::OkStatus();
+  const uint64_t n_embd = spec.n_embd, n_ff = spec.n_ff_expert;
+  const uint64_t in_dims[2] = {n_embd, n_ff}, out_dims[2] = {n_ff, n_embd};
+  Matrix* outs[3] = {&w->gate, &w->up, &w->down};
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = TensorWeightName(kinds[i], layer);
+    const bool down = kinds[i] == TensorKind::kFfnDownDenseFallback;
+    MOERT_RETURN_IF_ERROR(loader.CheckDims(name, down ? out_dims : in_dims));
+    const int64_t rows = static_cast<int64_t>(down ? n_embd : n_ff);
+    const int64_t cols = static_cast<int64_t>(down ? n_ff : n_embd);
+    MOERT_RETURN_IF_ERROR(loader.LoadMatMul(name, rows, cols, 1, outs[i]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadMoeFfn(WeightLoader& loader, const ModelSpec& spec, int layer, bool shared_expert,
                         MoeWeights* w) {
   const int64_t n_embd = spec.n_embd;
@@ -771,7 +817,8 @@ absl::Status DecoderModel::LoadLayer(WeightLoader& loader, int layer, LayerWeigh
   MOERT_RETURN_IF_ERROR(loader.LoadVector(
       format::TensorWeightName(format::TensorKind::kFfnNorm, layer), n_embd, &w->ffn_norm));
   if (spec_.is_moe()) {
-    return LoadMoeFfn(loader, spec_, layer, spec_.arch->shared_expert, &w->moe);
+    MOERT_RETURN_IF_ERROR(LoadMoeFfn(loader, spec_, layer, spec_.arch->shared_expert, &w->moe));
+    return LoadDenseFallbackFfn(loader, spec_, layer, &w->dense_fallback);
   }
   return LoadDenseFfn(loader, spec_, layer, &w->ffn);
 }

@@ -4,6 +4,7 @@
 #ifndef MOERT_MODEL_DECODER_H_
 #define MOERT_MODEL_DECODER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +44,12 @@ absl::Status LoadDenseFfn(WeightLoader& loader, const format::ModelSpec& spec, i
 // Routed experts, plus the shared expert and its gate when `shared_expert`.
 absl::Status LoadMoeFfn(WeightLoader& loader, const format::ModelSpec& spec, int layer,
                         bool shared_expert, pipeline::MoeWeights* w);
+// A MoE layer's dense fallback FFN (blk.N.ffn_{gate,up,down}_dense_fallback, moert-pack
+// --dense-fallback) when the file has one, `w` left empty when it has none; one of the
+// three alone, or a shape other than the experts' ([n_embd, n_ff_expert] gate and up,
+// [n_ff_expert, n_embd] down), is InvalidArgument naming the tensor.
+absl::Status LoadDenseFallbackFfn(WeightLoader& loader, const format::ModelSpec& spec, int layer,
+                                  FfnWeights* w);
 
 class DecoderKvCache;
 
@@ -67,6 +74,11 @@ class DecoderModel final : public Model {
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
   void CancelPendingLoads() override;
+  // Thread safety: meant for between Forward calls; a call from another thread during
+  // one is safe too and applies from the next Forward, which runs one mode throughout.
+  // That Forward, the first with it on, drops the expert loads still queued.
+  absl::Status SetDenseFallback(bool on) override;
+  bool has_dense_fallback() const override { return has_dense_fallback_; }
   router::ResourceMonitor* resource_monitor() override { return monitor_.get(); }
   memory::MemoryBudget* budget() override { return budget_.get(); }
   void ApplyMemoryLimits(bool drop_unused) override;
@@ -107,6 +119,12 @@ class DecoderModel final : public Model {
   std::vector<LayerWeights> layers_;
   WeightLock weight_lock_;  // after the weights: unlocked before they are freed
   std::function<void(int, int64_t, const float*)> ffn_input_observer_;
+  // Every MoE layer has a dense fallback FFN (LayerWeights::dense_fallback). It runs
+  // instead of the experts while dense_fallback_, which Forward sets from what
+  // SetDenseFallback asked last (the graphs' GraphOptions::dense_fallback).
+  bool has_dense_fallback_ = false;
+  std::atomic<bool> dense_fallback_requested_{false};
+  bool dense_fallback_ = false;
   // With a budget or a pool: its sizing (the pool's live figures come from the cache).
   MemoryStats memory_;
   std::unique_ptr<experts::ExpertCache> expert_cache_;

@@ -35,7 +35,8 @@ std::vector<const pipeline::MoeWeights*> MoeLayers(const ModelWeights& w) {
 struct LayerGraph::Layer {
   std::unique_ptr<backend::Buffer> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   std::unique_ptr<Weight> wq, wk, wv, wo;
-  std::unique_ptr<Weight> gate, up, down;  // the dense FFN
+  // The dense FFN; in a MoE layer, its dense fallback FFN (null when it has none).
+  std::unique_ptr<Weight> gate, up, down;
 };
 
 LayerGraph::LayerGraph(backend::Backend& backend, ModelWeights weights,
@@ -97,10 +98,20 @@ absl::Status LayerGraph::Init() {
     MOERT_RETURN_IF_ERROR(mat(w.attn.wk, blk + "attn_k.weight", &l.wk));
     MOERT_RETURN_IF_ERROR(mat(w.attn.wv, blk + "attn_v.weight", &l.wv));
     MOERT_RETURN_IF_ERROR(mat(w.attn.wo, blk + "attn_output.weight", &l.wo));
-    if (!spec.is_moe()) {
-      MOERT_RETURN_IF_ERROR(mat(w.ffn.gate, blk + "ffn_gate.weight", &l.gate));
-      MOERT_RETURN_IF_ERROR(mat(w.ffn.up, blk + "ffn_up.weight", &l.up));
-      MOERT_RETURN_IF_ERROR(mat(w.ffn.down, blk + "ffn_down.weight", &l.down));
+    const bool fallback = spec.is_moe() && !w.dense_fallback.gate.empty();
+    if (!spec.is_moe() || fallback) {
+      using format::TensorKind;
+      const int layer = static_cast<int>(il);
+      const backend::FfnWeights& ffn = fallback ? w.dense_fallback : w.ffn;
+      const auto name = [&](TensorKind dense, TensorKind moe) {
+        return format::TensorWeightName(fallback ? moe : dense, layer);
+      };
+      MOERT_RETURN_IF_ERROR(
+          mat(ffn.gate, name(TensorKind::kFfnGate, TensorKind::kFfnGateDenseFallback), &l.gate));
+      MOERT_RETURN_IF_ERROR(
+          mat(ffn.up, name(TensorKind::kFfnUp, TensorKind::kFfnUpDenseFallback), &l.up));
+      MOERT_RETURN_IF_ERROR(
+          mat(ffn.down, name(TensorKind::kFfnDown, TensorKind::kFfnDownDenseFallback), &l.down));
     }
   }
   MOERT_RETURN_IF_ERROR(moe_.Init());
@@ -195,10 +206,14 @@ absl::Status LayerGraph::RunLayer(int il, int64_t n, int64_t pos0, TensorRef x) 
     (*options_.ffn_input_observer)(il, n,
                                    reinterpret_cast<const float*>(cur.buffer->host() + cur.offset));
   }
-  if (spec.is_moe()) {
-    MOERT_RETURN_IF_ERROR(moe_.Run(il, cur, n, out));
-  } else {
+  if (!spec.is_moe()) {
     MOERT_RETURN_IF_ERROR(RunDenseFfn(il, n, cur, out));
+  } else if (options_.dense_fallback != nullptr && *options_.dense_fallback && l.gate != nullptr) {
+    // The degraded mode: no router, no expert loads.
+    MOERT_RETURN_IF_ERROR(RunDenseFfn(il, n, cur, out));
+    MOERT_RETURN_IF_ERROR(moe_.AddSharedExpert(il, cur, n, out));
+  } else {
+    MOERT_RETURN_IF_ERROR(moe_.Run(il, cur, n, out));
   }
   return b_.Add(x, out, n * e);
 }

@@ -39,6 +39,9 @@ struct LayerWeights {
   std::vector<float> ffn_norm;
   backend::FfnWeights ffn;
   pipeline::MoeWeights moe;
+  // A MoE layer's dense fallback FFN (moert-pack --dense-fallback), run instead of the
+  // routed experts while the model's dense fallback is on; empty when the file has none.
+  backend::FfnWeights dense_fallback;
 };
 
 // How an architecture's attention differs from llama's (its row of the table).
@@ -84,6 +87,10 @@ struct GraphOptions {
   // (ModelLoadOptions::ffn_input_observer); null or empty: none.
   const std::function<void(int layer, int64_t n_tokens, const float* x)>* ffn_input_observer =
       nullptr;
+  // True: each MoE layer runs its dense fallback FFN (LayerWeights::dense_fallback)
+  // instead of the router and the routed experts (a shared expert still adds); the
+  // model sets it between batches. Null: never.
+  const bool* dense_fallback = nullptr;
 };
 
 class LayerGraph {

@@ -54,6 +54,7 @@ Ranges DenseWeightRanges(const ModelWeights& w) {
     AddMatrix(l.moe.up_exps, &out);
     AddMatrix(l.moe.down_exps, &out);
     AddFfn(l.moe.shared, &out);
+    AddFfn(l.dense_fallback, &out);
     AddMatrix(l.moe.shared_gate, &out);
   }
   return out;

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -42,6 +43,20 @@ absl::StatusOr<const format::GgufTensorInfo*> WeightLoader::Find(const std::stri
         StrCat(file_.name(), ": the data of tensor '", name, "' is not inside the file"));
   }
   return t;
+}
+
+absl::Status WeightLoader::CheckDims(const std::string& name,
+                                     std::span<const uint64_t> dims) const {
+  const format::GgufTensorInfo* t = file_.FindTensor(name);
+  if (t == nullptr) {
+    return absl::InvalidArgumentError(StrCat(file_.name(), ": missing tensor '", name, "'"));
+  }
+  if (!std::equal(t->dims.begin(), t->dims.end(), dims.begin(), dims.end())) {
+    return absl::InvalidArgumentError(StrCat(file_.name(), ": tensor '", name, "' has shape [",
+                                             StrJoin(t->dims, ", "), "], expected [",
+                                             StrJoin(dims, ", "), "]"));
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ class WeightLoader {
   void set_release_pages(bool on) { release_pages_ = on; }
   // Checks that tensor `name` holds `n` values inside the file, without reading it.
   absl::Status Check(const std::string& name, int64_t n) { return Find(name, n).status(); }
+  // InvalidArgument naming tensor `name` when it is absent or its dimensions (ggml
+  // order: columns first) are not `dims`; a check for tensors whose value count alone
+  // would not catch a transposed or reshaped matrix.
+  absl::Status CheckDims(const std::string& name, std::span<const uint64_t> dims) const;
 
   // Tensor `name` as `rows` x `cols` fp32 values. InvalidArgument naming the tensor
   // when it is absent, holds another number of values or lies outside the file;

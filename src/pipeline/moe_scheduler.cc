@@ -642,6 +642,14 @@ absl::Status MoeScheduler::RunOnHost(int layer, TensorRef x, int64_t n, const Ro
   return b_.Write(out, hout.buffer->host() + hout.offset, bytes);
 }
 
+absl::Status MoeScheduler::AddSharedExpert(int layer, TensorRef x, int64_t n, TensorRef out) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || host_layers_[layer] == nullptr) {
+    return absl::InvalidArgumentError(StrCat("layer ", layer, " has no MoE block"));
+  }
+  if (host_layers_[layer]->shared.empty()) return absl::OkStatus();
+  return RunShared(layer, x, n, out);
+}
+
 absl::Status MoeScheduler::RunShared(int layer, TensorRef x, int64_t n, TensorRef out) {
   const Layer& l = layers_[layer];
   const int64_t n_embd = l.shared_down->rows(), ff = l.shared_gate_proj->rows();

@@ -109,6 +109,11 @@ class MoeScheduler {
   // backend's memory; out too). A failed expert load returns its Status with nothing
   // left pinned.
   absl::Status Run(int layer, backend::TensorRef x, int64_t n, backend::TensorRef out);
+  // out += the shared expert of layer `layer` for the n rows of x; nothing when the
+  // layer has none. For the model's dense fallback, which replaces only the routed
+  // experts.
+  absl::Status AddSharedExpert(int layer, backend::TensorRef x, int64_t n,
+                               backend::TensorRef out);
 
   // With an expert pool on a device backend; empty placement otherwise.
   PooledStats pooled_stats() const { return pooled_; }

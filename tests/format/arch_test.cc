@@ -43,6 +43,12 @@ TEST(ArchTable, KeyAndTensorNamesFollowLlamaCpp) {
   EXPECT_EQ(TensorWeightName(TensorKind::kFfnGateExps, 3), "blk.3.ffn_gate_exps.weight");
   EXPECT_EQ(TensorBiasName(TensorKind::kAttnQ, 0), "blk.0.attn_q.bias");
   EXPECT_EQ(TensorWeightName(TensorKind::kFfnDownShexp, 11), "blk.11.ffn_down_shexp.weight");
+  EXPECT_EQ(TensorWeightName(TensorKind::kFfnGateDenseFallback, 2),
+            "blk.2.ffn_gate_dense_fallback.weight");
+  EXPECT_EQ(TensorWeightName(TensorKind::kFfnUpDenseFallback, 0),
+            "blk.0.ffn_up_dense_fallback.weight");
+  EXPECT_EQ(TensorWeightName(TensorKind::kFfnDownDenseFallback, 3),
+            "blk.3.ffn_down_dense_fallback.weight");
 }
 
 TEST(ArchTable, RoutingAndRopeFactsPerArchitecture) {
