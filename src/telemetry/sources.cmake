@@ -1,4 +1,5 @@
 # Sources of src/telemetry (paths relative to src/).
 list(APPEND MOERT_SOURCES
+  telemetry/metrics.cc
   telemetry/platform.cc
 )
