@@ -18,6 +18,7 @@
 #include "experts/loader.h"
 #include "backend/cpu_fallback.h"
 #include "backend/registry.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::model {
 
@@ -214,6 +215,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     pool_.set_kernels(config);
   }
   ffn_input_observer_ = options.ffn_input_observer;
+  registry_ = telemetry::RegistryOrOwn(options.metrics);
   kv_types_ = {options.kv_type_k, options.kv_type_v};
   // A row width the type cannot hold is named now, not at the first cache.
   MOERT_RETURN_IF_ERROR(backend::KvRowBytes(kv_types_.k, KeyWidth(spec_)).status());
@@ -235,6 +237,12 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     loader.set_release_pages(true);
   }
   MOERT_RETURN_IF_ERROR(LoadTensors(loader));
+  moe_services_.router_latency.assign(layers_.size(), nullptr);
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    if (layers_[il].moe.n_expert > 0) {
+      moe_services_.router_latency[il] = &telemetry::RouterLatency(*registry_, static_cast<int>(il));
+    }
+  }
   if (options.lock_weights) weight_lock_.Lock(DenseWeightRanges(Weights()));
   if (expert_cache_ != nullptr) {
     moe_services_.cache = expert_cache_.get();
@@ -452,6 +460,7 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   experts::ExpertCacheOptions cache_options = options.expert_cache;
   cache_options.pool_bytes = pool;
   cache_options.loader.mode = options.io_mode;
+  cache_options.metrics = registry_;
   MOERT_ASSIGN_OR_RETURN(expert_cache_,
                          experts::ExpertCache::Create(std::move(*directory), cache_options));
   memory_.expert_pool = true;
@@ -621,6 +630,7 @@ absl::Status DecoderModel::ForwardBatch(const BatchInput& input, int64_t pos0,
     // left the host cache below pos0 as it was (it writes host rows only from pos0,
     // which the CPU rewrites below); the device copy is stale from pos0 on, so the
     // next device run uploads those rows from the host.
+    telemetry::BackendFailures(*registry_, backend_.backend).Increment();
     if (!failures_.OnFailure(status)) {
       device_graph_->Invalidate(cache->id(), pos0);
     } else {

@@ -126,6 +126,7 @@ class DecoderModel final : public Model {
   std::unique_ptr<LayerGraph> device_graph_;
   bool fallback_to_cpu_ = false;  // Backend::kAuto
   backend::DeviceFailurePolicy failures_;
+  std::shared_ptr<telemetry::Registry> registry_;  // LoadWeights sets it
   BackendStats backend_;
 };
 

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "moert/runtime.h"
 #include "runtime/vision.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/image_embedding.h"
 
@@ -28,8 +29,9 @@ Status FromAbsl(const absl::Status& status);
 // A model ready to generate with. Shared by the runtime and its sessions, so a
 // session outlives a reload or the runtime itself.
 struct LoadedModel {
-  LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t)
-      : model(std::move(m)), tokenizer(std::move(t)) {}
+  LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t,
+              std::shared_ptr<telemetry::Registry> r)
+      : model(std::move(m)), tokenizer(std::move(t)), metrics(std::move(r)) {}
   // Unloading saves the hot set (a no-op without an expert pool or with hot_set off).
   ~LoadedModel() {
     if (model != nullptr) (void)model->SaveHotSet();
@@ -39,6 +41,8 @@ struct LoadedModel {
 
   std::unique_ptr<model::Model> model;
   tokenizer::Tokenizer tokenizer;
+  // The runtime's registry, which the model and its sessions publish to (never null).
+  std::shared_ptr<telemetry::Registry> metrics;
   model::ChatTemplateKind chat_template = model::ChatTemplateKind::kPlain;
   int context_length = 0;
   ModelInfo info;
@@ -180,6 +184,7 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   std::vector<float> logits_;
   GenerationStats stats_;
   int64_t evaluated_tokens_ = 0;  // tokens run through the model by this Generate
+  telemetry::GenerationMetrics metrics_;
 };
 
 }  // namespace moert

@@ -7,7 +7,6 @@
 // own tokens are new; a chat request re-renders the whole history with the
 // template, and the common prefix with the cache is what earlier turns left there.
 #include <algorithm>
-#include <chrono>
 #include <span>
 #include <string>
 #include <utility>
@@ -20,17 +19,17 @@
 #include "model/stop.h"
 #include "moert/runtime.h"
 #include "runtime/internal.h"
+#include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/prompt.h"
 
 namespace moert {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using telemetry::NowNs;
 
-double MillisSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+double MillisSince(uint64_t start_ns) { return static_cast<double>(NowNs() - start_ns) / 1e6; }
 
 absl::Status CheckRole(const std::string& role) {
   if (role == "system" || role == "user" || role == "assistant") return absl::OkStatus();
@@ -385,7 +384,10 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
 
 Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
                     std::unique_ptr<model::KvCache> cache, bool stateless)
-    : model_(std::move(model)), cache_(std::move(cache)), stateless_(stateless) {
+    : model_(std::move(model)),
+      cache_(std::move(cache)),
+      stateless_(stateless),
+      metrics_(*model_->metrics) {
   std::lock_guard<std::mutex> lock(model_->sessions_mutex);
   model_->sessions.push_back(this);
 }
@@ -439,7 +441,7 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
   const size_t common = CachedPrefix(target, rows);
   cache_->Truncate(static_cast<int>(common));
 
-  const auto start = Clock::now();
+  const uint64_t start = NowNs();
   const std::span<const int32_t> fresh = std::span(target).subspan(common);
   size_t row = CountEmbeddingPositions(std::span(target).subspan(0, common));
   // In chunks, so that a cancel stops a long prefill between them (the logits are
@@ -456,7 +458,10 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
     }
     const std::span<const int32_t> chunk = fresh.subspan(at, std::min(kChunk, fresh.size() - at));
     const size_t chunk_rows = CountEmbeddingPositions(chunk);
+    const uint64_t chunk_start = NowNs();
     MOERT_RETURN_IF_ERROR(Forward(chunk, std::span(rows).subspan(row, chunk_rows)));
+    metrics_.prefill_ns.Increment(NowNs() - chunk_start);
+    metrics_.prefill_tokens.Increment(chunk.size());
     row += chunk_rows;
     stats_.prefill_tokens += static_cast<int>(chunk.size());
   }
@@ -484,7 +489,7 @@ absl::Status Session::Impl::Slide() {
 
 absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
                                           const TokenCallback& on_token, GenerateResult* result) {
-  const auto start = Clock::now();
+  const uint64_t start = NowNs();
   cancel_ = request.cancel;
 
   // Everything that can be wrong with the request is found before the session changes.
@@ -561,6 +566,7 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
     const int32_t token = *sampled;
     if (!sampled_any) {
       stats_.time_to_first_token_ms = MillisSince(start);
+      metrics_.time_to_first_token.Observe(stats_.time_to_first_token_ms / 1000.0);
       sampled_any = true;
     }
     if (tokenizer.vocab().Contains(token) && tokenizer.vocab().IsEog(token)) {
@@ -590,9 +596,12 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
       MOERT_RETURN_IF_ERROR(Slide());  // evaluates `token` too
       continue;
     }
-    const auto step_start = Clock::now();
+    const uint64_t step_start = NowNs();
     MOERT_RETURN_IF_ERROR(Forward(std::span<const int32_t>(&token, 1)));
-    decode_ms += MillisSince(step_start);
+    const uint64_t step_ns = NowNs() - step_start;
+    metrics_.decode_ns.Increment(step_ns);
+    metrics_.decode_tokens.Increment();
+    decode_ms += static_cast<double>(step_ns) / 1e6;
     ++decode_steps;
   }
   if (!stops.stopped()) {
@@ -636,6 +645,7 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   *out = GenerateResult();
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
+  metrics_.requests.Increment();
   const model::MemoryStats before = MemoryStats();
   const router::RouterStats routed_before = RouterStats();
   const absl::Status status = RunGeneration(request, on_token, out);

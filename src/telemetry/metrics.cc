@@ -141,12 +141,12 @@ std::string FormatValue(double value) {
 }
 
 FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
-                       std::vector<std::string> label_names, double scale)
+                       std::vector<std::string> label_names, double divisor)
     : name_(std::move(name)),
       help_(std::move(help)),
       type_(type),
       label_names_(std::move(label_names)),
-      scale_(scale) {}
+      divisor_(divisor) {}
 
 void FamilyBase::Write(std::string* out) const {
   StrAppend(out, "# HELP ", name_, " ", EscapeHelp(help_), "\n# TYPE ", name_, " ",
@@ -192,7 +192,7 @@ template <>
 void Family<Counter>::WriteSamples(std::string* out) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [values, child] : children_) {
-    WriteSample(out, "", values, {}, static_cast<double>(child->value()) * scale());
+    WriteSample(out, "", values, {}, static_cast<double>(child->value()) / divisor());
   }
 }
 
@@ -226,7 +226,7 @@ template class Family<Histogram>;
 
 template <typename T>
 Family<T>& Registry::Add(std::string_view name, std::string_view help, MetricType type,
-                         std::vector<std::string> label_names, double scale,
+                         std::vector<std::string> label_names, double divisor,
                          std::vector<double> bounds) {
   assert(ValidName(name));
   std::lock_guard<std::mutex> lock(mutex_);
@@ -239,21 +239,21 @@ Family<T>& Registry::Add(std::string_view name, std::string_view help, MetricTyp
     assert(false && "a metric registered again with another type or labels");
   } else if (ValidName(name)) {
     auto family = std::make_unique<Family<T>>(std::string(name), std::string(help), type,
-                                              std::move(label_names), scale, std::move(bounds));
+                                              std::move(label_names), divisor, std::move(bounds));
     Family<T>& ref = *family;
     families_.emplace(std::string(name), std::move(family));
     return ref;
   }
   auto family = std::make_unique<Family<T>>(std::string(name), std::string(help), type,
-                                            std::move(label_names), scale, std::move(bounds));
+                                            std::move(label_names), divisor, std::move(bounds));
   Family<T>& ref = *family;
   detached_.push_back(std::move(family));
   return ref;
 }
 
 CounterFamily& Registry::AddCounter(std::string_view name, std::string_view help,
-                                    std::vector<std::string> label_names, double scale) {
-  return Add<Counter>(name, help, MetricType::kCounter, std::move(label_names), scale, {});
+                                    std::vector<std::string> label_names, double divisor) {
+  return Add<Counter>(name, help, MetricType::kCounter, std::move(label_names), divisor, {});
 }
 
 GaugeFamily& Registry::AddGauge(std::string_view name, std::string_view help,

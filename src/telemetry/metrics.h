@@ -25,8 +25,8 @@ namespace moert::telemetry {
 
 enum class MetricType { kCounter, kGauge, kHistogram };
 
-// A monotonic count. Integer cells keep increments exact and lock-free; a family's scale
-// turns them into the exposed unit (nanoseconds counted, seconds exposed: 1e-9).
+// A monotonic count. Integer cells keep increments exact and lock-free; a family's divisor
+// turns them into the exposed unit (nanoseconds counted, seconds exposed: 1e9).
 class Counter {
  public:
   void Increment(uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }
@@ -74,7 +74,7 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count);
 class FamilyBase {
  public:
   FamilyBase(std::string name, std::string help, MetricType type,
-             std::vector<std::string> label_names, double scale);
+             std::vector<std::string> label_names, double divisor);
   virtual ~FamilyBase() = default;
   FamilyBase(const FamilyBase&) = delete;
   FamilyBase& operator=(const FamilyBase&) = delete;
@@ -91,14 +91,14 @@ class FamilyBase {
                    const std::vector<std::string>& label_values, std::string_view le,
                    double value) const;
   virtual void WriteSamples(std::string* out) const = 0;
-  double scale() const { return scale_; }
+  double divisor() const { return divisor_; }
 
  private:
   const std::string name_;
   const std::string help_;
   const MetricType type_;
   const std::vector<std::string> label_names_;
-  const double scale_;
+  const double divisor_;
 };
 
 // A family of children of type T (Counter, Gauge or Histogram).
@@ -107,8 +107,8 @@ class Family final : public FamilyBase {
  public:
   // Histogram families pass their bounds; others leave them empty.
   Family(std::string name, std::string help, MetricType type, std::vector<std::string> label_names,
-         double scale, std::vector<double> bounds)
-      : FamilyBase(std::move(name), std::move(help), type, std::move(label_names), scale),
+         double divisor, std::vector<double> bounds)
+      : FamilyBase(std::move(name), std::move(help), type, std::move(label_names), divisor),
         bounds_(std::move(bounds)) {}
 
   // The child with these label values (one per label name), made on first use. The
@@ -158,9 +158,10 @@ class Registry {
   // The family of this name, made on first use. Asking again with the same type and
   // label names returns the same family (a model loaded again keeps counting); another
   // type or label names is a programmer error (asserts; a detached family in release
-  // builds, never exposed). `scale` multiplies a counter's cells when exposed.
+  // builds, never exposed). A counter's cells are divided by `divisor` when exposed
+  // (1e9: nanoseconds counted, seconds exposed).
   CounterFamily& AddCounter(std::string_view name, std::string_view help,
-                            std::vector<std::string> label_names = {}, double scale = 1);
+                            std::vector<std::string> label_names = {}, double divisor = 1);
   GaugeFamily& AddGauge(std::string_view name, std::string_view help,
                         std::vector<std::string> label_names = {});
   HistogramFamily& AddHistogram(std::string_view name, std::string_view help,
@@ -179,7 +180,7 @@ class Registry {
  private:
   template <typename T>
   Family<T>& Add(std::string_view name, std::string_view help, MetricType type,
-                 std::vector<std::string> label_names, double scale, std::vector<double> bounds);
+                 std::vector<std::string> label_names, double divisor, std::vector<double> bounds);
 
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<FamilyBase>, std::less<>> families_;

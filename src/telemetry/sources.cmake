@@ -2,4 +2,5 @@
 list(APPEND MOERT_SOURCES
   telemetry/metrics.cc
   telemetry/platform.cc
+  telemetry/runtime_metrics.cc
 )

@@ -1,6 +1,6 @@
 // The metrics registry: the exact Prometheus text of a small registry (families in
 // name order, children in label order, cumulative buckets with +Inf, _sum and _count,
-// a counter's scale), escaping of label values and help, families asked for again, callback
+// a counter's divisor), escaping of label values and help, families asked for again, callback
 // families, and exact totals from increments on many threads.
 #include "telemetry/metrics.h"
 
@@ -20,7 +20,7 @@ TEST(MetricsTest, SmallRegistryText) {
   CounterFamily& loads = registry.AddCounter("moert_loads_total", "Loads by result.", {"result"});
   loads.WithLabels({"miss"}).Increment(3);
   loads.WithLabels({"hit"}).Increment();
-  registry.AddCounter("moert_stall_seconds_total", "Stall.", {}, 1e-9).Get().Increment(1500000000);
+  registry.AddCounter("moert_stall_seconds_total", "Stall.", {}, 1e9).Get().Increment(1500000000);
   registry.AddGauge("moert_used_bytes", "Used bytes.", {"tier"}).WithLabels({"expert"}).Set(4096);
   HistogramFamily& latency =
       registry.AddHistogram("moert_latency_seconds", "Latency.", {"layer"}, {0.25, 1});
