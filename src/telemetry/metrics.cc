@@ -52,6 +52,13 @@ class CallbackFamily final : public FamilyBase {
       : FamilyBase(std::move(name), std::move(help), type, std::move(label_names), 1),
         callback_(std::move(callback)) {}
 
+  std::optional<double> Read(const std::vector<std::string>& label_values) const override {
+    for (const CallbackSample& s : callback_()) {
+      if (s.label_values == label_values) return s.value;
+    }
+    return std::nullopt;
+  }
+
  private:
   void WriteSamples(std::string* out) const override {
     std::vector<CallbackSample> samples = callback_();
@@ -188,18 +195,35 @@ T& Family<T>::WithLabels(std::vector<std::string> values) {
   return *it->second;
 }
 
+template <typename T>
+double Family<T>::Exposed(const T& child) const {
+  if constexpr (std::is_same_v<T, Counter>) {
+    return static_cast<double>(child.value()) / divisor();
+  } else if constexpr (std::is_same_v<T, Gauge>) {
+    return child.value();
+  } else {
+    return static_cast<double>(child.snapshot().count());
+  }
+}
+
+template <typename T>
+std::optional<double> Family<T>::Read(const std::vector<std::string>& label_values) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = children_.find(label_values);
+  if (it == children_.end()) return std::nullopt;
+  return Exposed(*it->second);
+}
+
 template <>
 void Family<Counter>::WriteSamples(std::string* out) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [values, child] : children_) {
-    WriteSample(out, "", values, {}, static_cast<double>(child->value()) / divisor());
-  }
+  for (const auto& [values, child] : children_) WriteSample(out, "", values, {}, Exposed(*child));
 }
 
 template <>
 void Family<Gauge>::WriteSamples(std::string* out) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [values, child] : children_) WriteSample(out, "", values, {}, child->value());
+  for (const auto& [values, child] : children_) WriteSample(out, "", values, {}, Exposed(*child));
 }
 
 template <>
@@ -291,6 +315,14 @@ void Registry::RemoveCallback(std::string_view name) {
   if (it != families_.end() && dynamic_cast<CallbackFamily*>(it->second.get()) != nullptr) {
     families_.erase(it);
   }
+}
+
+std::optional<double> Registry::Read(std::string_view name,
+                                     const std::vector<std::string>& label_values) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = families_.find(name);
+  if (it == families_.end()) return std::nullopt;
+  return it->second->Read(label_values);
 }
 
 std::string Registry::PrometheusText() const {

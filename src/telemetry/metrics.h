@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,9 @@ class FamilyBase {
   const std::vector<std::string>& label_names() const { return label_names_; }
   // Appends the family's # HELP and # TYPE lines and its samples.
   void Write(std::string* out) const;
+  // The value of the child with these label values as the text would show it (a
+  // histogram's: its count); nullopt when there is no such child.
+  virtual std::optional<double> Read(const std::vector<std::string>& label_values) const = 0;
 
  protected:
   // One sample line: the family's name + suffix, its labels (plus le= for buckets).
@@ -119,9 +123,11 @@ class Family final : public FamilyBase {
   T& WithLabels(std::vector<std::string> values);
   // The child of a family without labels.
   T& Get() { return WithLabels(std::vector<std::string>{}); }
+  std::optional<double> Read(const std::vector<std::string>& label_values) const override;
 
  private:
   void WriteSamples(std::string* out) const override;
+  double Exposed(const T& child) const;
 
   const std::vector<double> bounds_;
   mutable std::mutex mutex_;
@@ -176,6 +182,10 @@ class Registry {
   // Every family in name order, children in label-value order: the Prometheus text
   // exposition format 0.0.4.
   std::string PrometheusText() const;
+  // One child's value as the text shows it (a histogram's count); nullopt when the
+  // family or child does not exist.
+  std::optional<double> Read(std::string_view name,
+                             const std::vector<std::string>& label_values = {}) const;
 
  private:
   template <typename T>

@@ -1,13 +1,14 @@
 // The metrics registry: the exact Prometheus text of a small registry (families in
 // name order, children in label order, cumulative buckets with +Inf, _sum and _count,
 // a counter's divisor), escaping of label values and help, families asked for again, callback
-// families, and exact totals from increments on many threads.
+// families, Read, and exact totals from increments on many threads.
 #include "telemetry/metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,6 +122,22 @@ TEST(MetricsTest, CallbackFamiliesAreReadAtWriteTime) {
             "moert_pool_bytes{tier=\"expert\"} 1\n");
   registry.RemoveCallback("moert_pool_bytes");
   EXPECT_EQ(registry.PrometheusText(), "");
+}
+
+TEST(MetricsTest, ReadGivesWhatTheTextShows) {
+  Registry registry;
+  registry.AddCounter("moert_ns_total", "N.", {"k"}, 1e9).WithLabels({"a"}).Increment(250000000);
+  registry.AddGauge("moert_g", "G.").Get().Set(-2);
+  registry.AddHistogram("moert_h", "H.", {}, {1}).Get().Observe(5);
+  registry.SetCallback("moert_cb", "C.", MetricType::kGauge, {}, [] {
+    return std::vector<CallbackSample>{{{}, 9}};
+  });
+  EXPECT_EQ(registry.Read("moert_ns_total", {"a"}), 0.25);
+  EXPECT_EQ(registry.Read("moert_ns_total", {"b"}), std::nullopt);
+  EXPECT_EQ(registry.Read("moert_g"), -2);
+  EXPECT_EQ(registry.Read("moert_h"), 1);
+  EXPECT_EQ(registry.Read("moert_cb"), 9);
+  EXPECT_EQ(registry.Read("moert_none"), std::nullopt);
 }
 
 TEST(MetricsTest, ExponentialBuckets) {
