@@ -252,7 +252,7 @@ absl::Status MoeScheduler::RouteBatch(int layer, TensorRef x, int64_t n, bool on
   }
   if (static_cast<size_t>(layer) < services_->router_latency.size()) {
     if (telemetry::Histogram* latency = services_->router_latency[static_cast<size_t>(layer)]) {
-      latency->Observe(static_cast<double>(telemetry::NowNs() - route_start) * 1e-9);
+      latency->Observe(static_cast<double>(telemetry::NowNs() - route_start) / 1e9);
     }
   }
   if (services_->route_observer != nullptr && *services_->route_observer) {
