@@ -12,12 +12,11 @@
 #include <string>
 #include <thread>
 
-
 namespace moert::tools {
 
 struct MetricsFlags {
-  std::string path;         // empty: no metrics file
-  int64_t interval_s = 0;   // 0: only at exit
+  std::string path;        // empty: no metrics file
+  int64_t interval_s = 0;  // 0: only at exit
 };
 
 // When argv[*i] is --metrics or --metrics-interval, takes it and its value (advancing

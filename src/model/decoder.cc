@@ -281,7 +281,8 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   if (expert_cache_ != nullptr) monitor_->set_pool_capacity(expert_cache_->stats().capacity_experts);
   router_ = std::make_unique<router::Router>(pool_.kernels(), options.router,
                                              static_cast<int>(spec_.n_layer),
-                                             static_cast<int>(spec_.n_expert), monitor_.get());
+                                             static_cast<int>(spec_.n_expert), monitor_.get(),
+                                             registry_.get());
   std::vector<float> bias;
   if (!options.modality_bias_path.empty()) {
     MOERT_ASSIGN_OR_RETURN(bias, router::ReadModalityBias(options.modality_bias_path));
@@ -311,7 +312,7 @@ absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
   if (!enabled || expert_cache_ == nullptr) return absl::OkStatus();
   prefetcher_ = std::make_unique<pipeline::Prefetcher>(
       expert_cache_.get(), n_layer, static_cast<int>(spec_.n_expert),
-      static_cast<int>(spec_.n_expert_used), depth);
+      static_cast<int>(spec_.n_expert_used), depth, registry_.get());
   moe_services_.prefetcher = prefetcher_.get();
   moe_services_.prefetch_depth = depth;
   return absl::OkStatus();

@@ -104,6 +104,8 @@ class DecoderModel final : public Model {
   std::function<void(int, int64_t, const float*)> ffn_input_observer_;
   // With a budget or a pool: its sizing (the pool's live figures come from the cache).
   MemoryStats memory_;
+  // What the model publishes to (LoadWeights sets it); before what refers to it.
+  std::shared_ptr<telemetry::Registry> registry_;
   std::unique_ptr<experts::ExpertCache> expert_cache_;
   // The ledger every KV cache reserves in (shared: a cache may outlive the model).
   std::shared_ptr<memory::MemoryBudget> budget_;
@@ -126,7 +128,6 @@ class DecoderModel final : public Model {
   std::unique_ptr<LayerGraph> device_graph_;
   bool fallback_to_cpu_ = false;  // Backend::kAuto
   backend::DeviceFailurePolicy failures_;
-  std::shared_ptr<telemetry::Registry> registry_;  // LoadWeights sets it
   BackendStats backend_;
 };
 

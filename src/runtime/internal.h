@@ -151,8 +151,6 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
                              GenerateResult* result);
   // The model's memory figures, read between other sessions' steps.
   model::MemoryStats MemoryStats() const;
-  // The model's router counters (zeros without a router).
-  router::RouterStats RouterStats() const;
 
   std::shared_ptr<runtime::LoadedModel> model_;
   std::unique_ptr<model::KvCache> cache_;

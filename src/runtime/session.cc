@@ -413,12 +413,6 @@ model::MemoryStats Session::Impl::MemoryStats() const {
   return model_->model->memory_stats();
 }
 
-router::RouterStats Session::Impl::RouterStats() const {
-  std::lock_guard<std::mutex> lock(model_->forward_mutex);
-  const router::Router* r = model_->model->router();
-  return r != nullptr ? r->stats() : router::RouterStats();
-}
-
 size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target,
                                    const std::vector<runtime::EmbeddingRow>& rows) const {
   const size_t in_cache = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
@@ -646,8 +640,8 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
   metrics_.requests.Increment();
-  const model::MemoryStats before = MemoryStats();
-  const router::RouterStats routed_before = RouterStats();
+  const telemetry::Registry& registry = *model_->metrics;
+  const auto before = telemetry::GenerationSnapshot::Read(registry);
   const absl::Status status = RunGeneration(request, on_token, out);
   cancel_ = nullptr;
   if (absl::IsCancelled(status)) {
@@ -658,14 +652,12 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   if (absl::IsCancelled(status) && out->finish_reason == FinishReason::kNone) {
     out->finish_reason = FinishReason::kCancelled;  // during the prefill
   }
-  const router::RouterStats routed = RouterStats();
-  if (const uint64_t n = routed.token_layers - routed_before.token_layers; n > 0) {
-    stats_.average_experts_per_token =
-        static_cast<double>(routed.experts - routed_before.experts) / static_cast<double>(n);
-    stats_.router_changed_fraction =
-        static_cast<double>(routed.changed - routed_before.changed + routed.thermal_drops -
-                            routed_before.thermal_drops) /
-        static_cast<double>(n);
+  const auto now = telemetry::GenerationSnapshot::Read(registry);
+  if (const double n = now.token_layers - before.token_layers; n > 0) {
+    stats_.average_experts_per_token = (now.experts_chosen - before.experts_chosen) / n;
+    stats_.router_changed_fraction = (now.router_changed - before.router_changed +
+                                      now.thermal_drops - before.thermal_drops) /
+                                     n;
   }
   stats_.finish_reason = out->finish_reason;
   stats_.peak_rss_bytes = runtime::PeakRssBytes();
@@ -676,29 +668,24 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_.kv_caches = static_cast<int>(after.ledger.kv_caches);
   if (after.expert_pool) {
     const experts::ExpertCacheStats& p = after.pool;
-    const experts::ExpertCacheStats& p0 = before.pool;
     stats_.expert_pool_bytes = static_cast<int64_t>(p.pool_bytes);
     stats_.expert_pool_used_bytes = static_cast<int64_t>(p.used_bytes);
     stats_.expert_pool_free_bytes = static_cast<int64_t>(p.free_bytes);
     stats_.expert_pool_fragmentation = p.fragmentation;
-    const uint64_t hits = p.hits - p0.hits;
-    const uint64_t needed = hits + p.misses - p0.misses;
-    stats_.expert_hit_rate = needed > 0 ? static_cast<double>(hits) / static_cast<double>(needed) : 0;
-    const pipeline::PrefetchStats& f = after.prefetcher;
-    const pipeline::PrefetchStats& f0 = before.prefetcher;
-    if (after.prefetch && f.predicted > f0.predicted) {
-      stats_.prefetch_precision =
-          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.predicted - f0.predicted);
+    const double hits = now.expert_hits - before.expert_hits;
+    const double needed = hits + now.expert_misses - before.expert_misses;
+    stats_.expert_hit_rate = needed > 0 ? hits / needed : 0;
+    if (const double predicted = now.predicted - before.predicted; after.prefetch && predicted > 0) {
+      stats_.prefetch_precision = (now.predicted_correct - before.predicted_correct) / predicted;
     }
-    if (after.prefetch && f.used > f0.used) {
-      stats_.prefetch_recall =
-          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.used - f0.used);
+    if (const double chosen = now.predicted_chosen - before.predicted_chosen;
+        after.prefetch && chosen > 0) {
+      stats_.prefetch_recall = (now.predicted_correct - before.predicted_correct) / chosen;
     }
     if (evaluated_tokens_ > 0) {
       const double tokens = static_cast<double>(evaluated_tokens_);
-      stats_.expert_bytes_read_per_token =
-          static_cast<double>(p.bytes_loaded - p0.bytes_loaded) / tokens;
-      stats_.expert_stall_ms_per_token = static_cast<double>(p.stall_ns - p0.stall_ns) / 1e6 / tokens;
+      stats_.expert_bytes_read_per_token = (now.read_bytes - before.read_bytes) / tokens;
+      stats_.expert_stall_ms_per_token = (now.stall_seconds - before.stall_seconds) * 1e3 / tokens;
     }
   }
   return runtime::FromAbsl(status);

@@ -20,16 +20,19 @@ uint64_t ToBits(double value) { return std::bit_cast<uint64_t>(value); }
 // atomic<double>, which not every standard library has lock-free).
 void AddToBits(std::atomic<uint64_t>& bits, double delta) {
   uint64_t old = bits.load(std::memory_order_relaxed);
-  while (!bits.compare_exchange_weak(old, ToBits(FromBits(old) + delta),
-                                     std::memory_order_relaxed)) {
+  while (
+      !bits.compare_exchange_weak(old, ToBits(FromBits(old) + delta), std::memory_order_relaxed)) {
   }
 }
 
 std::string_view TypeName(MetricType type) {
   switch (type) {
-    case MetricType::kCounter: return "counter";
-    case MetricType::kGauge: return "gauge";
-    case MetricType::kHistogram: return "histogram";
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -62,10 +65,9 @@ class CallbackFamily final : public FamilyBase {
  private:
   void WriteSamples(std::string* out) const override {
     std::vector<CallbackSample> samples = callback_();
-    std::sort(samples.begin(), samples.end(),
-              [](const CallbackSample& a, const CallbackSample& b) {
-                return a.label_values < b.label_values;
-              });
+    std::sort(samples.begin(), samples.end(), [](const CallbackSample& a, const CallbackSample& b) {
+      return a.label_values < b.label_values;
+    });
     for (const CallbackSample& s : samples) {
       if (s.label_values.size() != label_names().size()) continue;  // the callback's bug
       WriteSample(out, "", s.label_values, {}, s.value);
@@ -97,7 +99,8 @@ void Histogram::Observe(double value) {
 Histogram::Snapshot Histogram::snapshot() const {
   Snapshot s;
   s.counts.resize(bounds_.size() + 1);
-  for (size_t i = 0; i < s.counts.size(); ++i) s.counts[i] = counts_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < s.counts.size(); ++i)
+    s.counts[i] = counts_[i].load(std::memory_order_relaxed);
   s.sum = FromBits(sum_bits_.load(std::memory_order_relaxed));
   return s;
 }
@@ -156,8 +159,8 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
       divisor_(divisor) {}
 
 void FamilyBase::Write(std::string* out) const {
-  StrAppend(out, "# HELP ", name_, " ", EscapeHelp(help_), "\n# TYPE ", name_, " ",
-            TypeName(type_), "\n");
+  StrAppend(out, "# HELP ", name_, " ", EscapeHelp(help_), "\n# TYPE ", name_, " ", TypeName(type_),
+            "\n");
   WriteSamples(out);
 }
 

@@ -47,6 +47,23 @@ struct PoolMetrics {
 // Routing one batch of a MoE layer, per layer.
 Histogram& RouterLatency(Registry& registry, int layer);
 
+// The hardware-aware router's choices (router/router.h: RouterStats).
+struct RouterMetrics {
+  explicit RouterMetrics(Registry& registry);
+  Counter& token_layers;   // (token, MoE layer) pairs routed
+  Counter& experts;        // experts chosen in all
+  Counter& changed;        // token-layers where an adjustment changed the chosen set
+  Counter& thermal_drops;  // token-layers whose k the thermal limit lowered
+};
+
+// Speculative routing's predictions, scored at the layer they were made for.
+struct PrefetchMetrics {
+  explicit PrefetchMetrics(Registry& registry);
+  Counter& predicted;  // experts predicted
+  Counter& correct;    // of those, chosen by the router
+  Counter& chosen;     // experts the router chose at scored layers
+};
+
 // Backend::kAuto's device batches that failed and ran on the CPU, by backend name.
 Counter& BackendFailures(Registry& registry, std::string_view backend);
 
@@ -63,6 +80,23 @@ struct GenerationMetrics {
   Counter& decode_ns;
   Histogram& time_to_first_token;  // seconds
   Counter& requests;
+};
+
+// The registry's figures a generate call's stats are the difference of (read at its
+// start and end; steps of other sessions running meanwhile included).
+struct GenerationSnapshot {
+  static GenerationSnapshot Read(const Registry& registry);
+  double expert_hits = 0;  // hit + prefetched
+  double expert_misses = 0;
+  double read_bytes = 0;
+  double stall_seconds = 0;
+  double token_layers = 0;
+  double experts_chosen = 0;
+  double router_changed = 0;
+  double thermal_drops = 0;
+  double predicted = 0;
+  double predicted_correct = 0;
+  double predicted_chosen = 0;
 };
 
 }  // namespace moert::telemetry

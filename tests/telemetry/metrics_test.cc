@@ -114,8 +114,9 @@ TEST(MetricsTest, CallbackFamiliesAreReadAtWriteTime) {
       "moert_pool_bytes{tier=\"expert\"} 7\n"
       "moert_pool_bytes{tier=\"persistent\"} 2\n";
   EXPECT_EQ(registry.PrometheusText(), text);
-  registry.SetCallback("moert_pool_bytes", "Pool.", MetricType::kGauge, {"tier"},
-                       [] { return std::vector<CallbackSample>{{{"expert"}, 1}}; });
+  registry.SetCallback("moert_pool_bytes", "Pool.", MetricType::kGauge, {"tier"}, [] {
+    return std::vector<CallbackSample>{{{"expert"}, 1}};
+  });
   EXPECT_EQ(registry.PrometheusText(),
             "# HELP moert_pool_bytes Pool.\n"
             "# TYPE moert_pool_bytes gauge\n"
