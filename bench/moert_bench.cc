@@ -47,9 +47,11 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "image_bench.h"
+#include "metrics_file.h"
 #include "moert/version.h"
 #include "synth.h"
 #include "telemetry/trace.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -102,6 +104,7 @@ struct Params {
   std::vector<float> image_keep = {1.0f, 0.5f, 0.3f};
   // Sessions decoding in turn, one test per value (--sessions 1,2,4); empty: pp/tg.
   std::vector<int> sessions;
+  moert::tools::MetricsFlags metrics;  // --metrics FILE, --metrics-interval N
 };
 
 constexpr int kMaxTokens = 1 << 20;
@@ -301,6 +304,21 @@ const std::vector<Flag>& Flags() {
       {"-ctv", "--cache-type-v", "T",
        "the KV cache's value type on the CPU: f32 (default),\nf16 or q8_0",
        KvTypeSetter(&Params::kv_type_v)},
+      {"", "--metrics", "FILE",
+       "write the metrics (Prometheus text) to FILE at exit",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         if (v.empty()) return std::string("a file name");
+         p.metrics.path = std::string(v);
+         return std::nullopt;
+       }},
+      {"", "--metrics-interval", "N",
+       "... and every N seconds (default 0: only at exit)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         const std::optional<int> seconds = ParseInt(v, 0, 86400);
+         if (!seconds) return std::string("expected seconds from 0 to 86400");
+         p.metrics.interval_s = *seconds;
+         return std::nullopt;
+       }},
       {"", "--mlock", "",
        "lock the weights outside the expert pool in RAM",
        [](std::string_view, Params& p) -> std::optional<std::string> {
@@ -1139,6 +1157,10 @@ int RunImage(const Params& p, const RunInfo& info, moert::model::Model& model,
 
 int Run(const Params& p) {
   RemoveOnExit temp_file;
+  const auto registry = std::make_shared<moert::telemetry::Registry>();
+  moert::telemetry::RegisterRuntimeMetrics(*registry);
+  moert::tools::MetricsFile metrics(
+      p.metrics, [registry] { return registry->PrometheusText(); }, kTool);
   std::string path = p.model_path;
   std::string filename = p.model_path;
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -1208,6 +1230,7 @@ int Run(const Params& p) {
     options.kv_type_v = p.kv_type_v;
     options.lock_weights = p.mlock;
     options.cache_dir = p.cache_dir;
+    options.metrics = registry;
     // Each test has its own KV cache, one after the other; --sessions: the budget sets
     // one session's aside, and the pool shrinks for the others' (to its floor).
     options.kv_cache_positions = p.image.empty() ? std::max(p.n_prompt, p.n_gen) : 4096;
@@ -1328,7 +1351,7 @@ int Run(const Params& p) {
   }
   printer->Footer();
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");
-  return rc;
+  return metrics.Finish() ? rc : 1;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev libstb-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
+  prometheus  # promtool: tests/tools checks the --metrics text
 )
 want_arm64=0
 for arg in "$@"; do

@@ -28,6 +28,7 @@
 
 #include "backend/kv_type.h"
 #include "cli_escapes.h"
+#include "metrics_file.h"
 #include "moert/runtime.h"
 #include "moert/version.h"
 #include "telemetry/trace.h"
@@ -100,6 +101,8 @@ constexpr char kUsage[] =
     "                           instead of the model's moert.modality_bias\n"
     "  --trace FILE             record trace spans and write them to FILE at exit\n"
     "                           (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
+    "  --metrics FILE           write the runtime's metrics (Prometheus text) to FILE at exit\n"
+    "  --metrics-interval N     ... and every N seconds (default 0: only at exit)\n"
     "  -h, --help               show this help\n";
 
 int Fail(const std::string& message) {
@@ -155,6 +158,7 @@ struct Args {
   std::string cache_type_k = "f32";
   std::string cache_type_v = "f32";
   std::string trace;  // --trace FILE
+  moert::tools::MetricsFlags metrics;
 };
 
 // Parses argv into `args`; "" on success, else the error line. Sets *help for -h.
@@ -187,6 +191,10 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       return {};
     };
     std::string error;
+    if (moert::tools::ParseMetricsFlag(argc, argv, &i, &args->metrics, &error)) {
+      if (!error.empty()) return error;
+      continue;
+    }
     if (arg == "-h" || arg == "--help") {
       *help = true;
       return {};
@@ -503,6 +511,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<moert::MoERuntime> runtime;
   moert::Status status = moert::MoERuntime::Create(options, &runtime);
   if (!status.ok()) return Fail(status.message());
+  moert::tools::MetricsFile metrics(
+      args.metrics, [&runtime] { return runtime->Metrics(); }, "moert-chat");
 
   ProgressBar bar;
   status = runtime->LoadModel(args.model, [&bar](float f) { bar.Draw(f); });
@@ -552,7 +562,10 @@ int main(int argc, char** argv) {
   request.image_keep_ratio = args.image_keep;
   request.image_min_keep = static_cast<int>(args.image_min_keep);
 
-  if (!args.have_prompt) return Interactive(*runtime, request);
+  if (!args.have_prompt) {
+    const int code = Interactive(*runtime, request);
+    return metrics.Finish() ? code : 1;
+  }
 
   request.prompt = args.prompt;
   bool write_failed = false;
@@ -566,5 +579,5 @@ int main(int argc, char** argv) {
     return Fail(status.message());
   }
   PrintStats(runtime->Stats());
-  return 0;
+  return metrics.Finish() ? 0 : 1;
 }

@@ -20,6 +20,8 @@
 #include "model/model.h"
 #include "model/perplexity.h"
 #include "telemetry/trace.h"
+#include "metrics_file.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -63,6 +65,8 @@ constexpr char kUsage[] =
     "                          GPU that passes a self-test, else the CPU)\n"
     "  --trace FILE            record trace spans and write them to FILE at exit\n"
     "                          (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
+    "  --metrics FILE          write the metrics (Prometheus text) to FILE at exit\n"
+    "  --metrics-interval N    ... and every N seconds (default 0: only at exit)\n"
     "  -h, --help              show this help\n";
 
 int Fail(const std::string& message) {
@@ -103,9 +107,14 @@ int main(int argc, char** argv) {
   bool dense_fallback = false;
   moert::model::Backend backend = moert::model::Backend::kCpu;
   std::string trace_path;  // --trace FILE
+  moert::tools::MetricsFlags metrics_flags;
 
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
+    if (std::string error; moert::tools::ParseMetricsFlag(argc, argv, &i, &metrics_flags, &error)) {
+      if (!error.empty()) return Fail(error);
+      continue;
+    }
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -259,6 +268,11 @@ int main(int argc, char** argv) {
   load_options.prefetch = prefetch;
   load_options.prefetch_depth = prefetch_depth;
   load_options.backend = backend;
+  const auto registry = std::make_shared<moert::telemetry::Registry>();
+  moert::telemetry::RegisterRuntimeMetrics(*registry);
+  load_options.metrics = registry;
+  moert::tools::MetricsFile metrics(
+      metrics_flags, [registry] { return registry->PrometheusText(); }, "moert-perplexity");
   auto model = moert::model::Model::Load(**file, load_options);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   if (dense_fallback) {
@@ -360,5 +374,5 @@ int main(int argc, char** argv) {
   }
   std::printf("PPL = %.4f +/- %.5f\n", result->ppl, result->ppl_error);
   if (std::fflush(stdout) != 0) return Fail("cannot write the output");
-  return 0;
+  return metrics.Finish() ? 0 : 1;
 }

@@ -416,6 +416,36 @@ MOERT_API moert_status moert_runtime_set_prefetch(moert_runtime* runtime, int en
  * MOERT_INVALID_ARGUMENT for an unknown value. */
 MOERT_API moert_status moert_runtime_set_backend(moert_runtime* runtime, moert_backend backend);
 
+/** The runtime's metrics (every model it loaded and their sessions: expert loads, bytes
+ * read, stall time, pool state, router latency, prefill and decode tokens and time, ...)
+ * in the Prometheus text exposition format 0.0.4, as snprintf writes: at most `len`
+ * bytes including the terminating NUL go to `buf` (NULL with len 0: nothing written,
+ * to learn the size). Returns the text's full length without the NUL (a return >= len
+ * means it was cut short), or a negative moert_status on error (-MOERT_INVALID_ARGUMENT
+ * for a NULL runtime, or a NULL buf with len > 0). May be called from any thread.
+ * docs/telemetry.md lists the metrics. */
+MOERT_API int64_t moert_runtime_metrics(const moert_runtime* runtime, char* buf, size_t len);
+
+/** Log levels of moert_set_log_callback(). */
+typedef enum moert_log_level {
+  MOERT_LOG_DEBUG = 0,
+  MOERT_LOG_INFO = 1,
+  MOERT_LOG_WARNING = 2,
+  MOERT_LOG_ERROR = 3,
+} moert_log_level;
+
+/** Receives one log message (UTF-8, no trailing newline, valid during the call only) with
+ * its moert_log_level, from any of the library's threads. */
+typedef void (*moert_log_callback)(int level, const char* message, void* user_data);
+
+/** Routes the library's log, process-wide, to `callback` (an Android app passes its
+ * messages to logcat); NULL restores the default, which writes to stderr. Messages below
+ * `min_level` (a moert_log_level) are dropped. MOERT_INVALID_ARGUMENT for a level out of
+ * range. May be called from any thread; a message being delivered finishes on the old
+ * callback. */
+MOERT_API moert_status moert_set_log_callback(moert_log_callback callback, void* user_data,
+                                              int min_level);
+
 #ifdef __cplusplus
 }
 #endif

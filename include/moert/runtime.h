@@ -530,6 +530,11 @@ class MOERT_API MoERuntime {
   // Figures of the last one-shot Generate.
   GenerationStats Stats() const;
 
+  // The runtime's metrics (every model it loaded and their sessions: expert loads,
+  // bytes read, stalls, pool state, router latency, prefill and decode, ...) in the
+  // Prometheus text exposition format 0.0.4; docs/telemetry.md lists them. Any thread.
+  std::string Metrics() const;
+
   const RuntimeOptions& options() const;
   // Replaces the options (checked as Create checks them); they apply from the next
   // LoadModel on. The loaded model keeps the ones it was loaded with.

@@ -25,7 +25,11 @@ uint64_t ExpertCache::BlockBytes(uint64_t runtime_bytes, uint64_t min_block_byte
 }
 
 ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options)
-    : directory_(std::move(directory)), options_(options), defrag_(options.defrag) {}
+    : directory_(std::move(directory)),
+      options_(options),
+      registry_(telemetry::RegistryOrOwn(options.metrics)),
+      metrics_(*registry_),
+      defrag_(options.defrag) {}
 
 ExpertCache::~ExpertCache() {
   // The loader thread may not outlive the pool it writes into. It drops the loads still
@@ -47,9 +51,12 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(
   memory::TieredPoolOptions pool_options;
   pool_options.expert_bytes = options.pool_bytes;
   pool_options.expert_min_block = options.min_block_bytes;
+  pool_options.metrics = cache->registry_;
   MOERT_ASSIGN_OR_RETURN(cache->pool_, memory::TieredPool::Create(pool_options));
   cache->limit_bytes_ = cache->pool_->expert_allocator().stats().pool_bytes;
-  MOERT_ASSIGN_OR_RETURN(cache->loader_, Loader::Create(cache->directory_, options.loader));
+  LoaderOptions loader_options = options.loader;
+  loader_options.metrics = cache->registry_;
+  MOERT_ASSIGN_OR_RETURN(cache->loader_, Loader::Create(cache->directory_, loader_options));
   cache->entries_.resize(size_t(dir.n_layer()) * size_t(dir.n_expert()));
   cache->residency_.assign(static_cast<size_t>(dir.n_layer()),
                            std::vector<uint64_t>(static_cast<size_t>(dir.n_expert() + 63) / 64, 0));
@@ -252,6 +259,11 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
   }
 }
 
+void ExpertCache::AddStall(uint64_t ns) {
+  counters_.stall_ns += ns;
+  metrics_.stall_ns.Increment(ns);
+}
+
 absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
   MOERT_RETURN_IF_ERROR(CheckExpert(layer, expert));
   NoteUse(layer, expert);
@@ -265,9 +277,10 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
     const bool needed = entry.needed;
     const bool promoted = entry.promoted;
     Collect(index);
-    counters_.stall_ns += NowNs() - start;
+    AddStall(NowNs() - start);
     if (entry.resident) {
       ++counters_.misses;
+      metrics_.miss.Increment();
       ++counters_.loads_waited;
       if (!needed || promoted) ++counters_.prefetch_late;
       if (needed) {
@@ -288,9 +301,11 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
     if (entry.promoted) {
       ++counters_.hits;  // a prefetch in time for the compute
       ++counters_.loads_hidden;
+      metrics_.prefetched.Increment();
     } else {
       ++counters_.misses;
       ++counters_.streamed_hidden;
+      metrics_.miss.Increment();
     }
     entry.needed = false;  // its pin is this Acquire's
     entry.promoted = false;
@@ -302,6 +317,9 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
     if (entry.prefetched) {
       ++counters_.loads_hidden;
       entry.prefetched = false;
+      metrics_.prefetched.Increment();
+    } else {
+      metrics_.hit.Increment();
     }
     Touch(entry);
     ++entry.pins;
@@ -311,12 +329,13 @@ absl::StatusOr<backend::FfnView> ExpertCache::Acquire(int layer, int expert) {
   MOERT_ASSIGN_OR_RETURN(const memory::Block block, AllocateBlock(info));
   ++counters_.misses;
   ++counters_.loads_waited;
+  metrics_.miss.Increment();
   pool_->PinExpert(block.offset);  // the defragmenter keeps off a block being loaded
   const uint64_t start = NowNs();
   const Loader::Ticket ticket =
       loader_->Submit(info, pool_->ExpertData(block.offset), entry.checksum, /*urgent=*/true);
   LoadResult result = loader_->Wait(ticket);
-  counters_.stall_ns += NowNs() - start;
+  AddStall(NowNs() - start);
   if (result.timed_out) ++counters_.load_timeouts;
   ++counters_.loads;
   counters_.bytes_loaded += result.bytes_read;

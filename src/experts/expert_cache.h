@@ -98,6 +98,9 @@ struct ExpertCacheOptions {
   // the partner would be evicted too. Outputs are the same either way.
   bool co_placement = false;
   memory::CoUseOptions co_use;
+  // Where the cache, its loader and its pool publish (null: a registry of the cache's
+  // own).
+  std::shared_ptr<telemetry::Registry> metrics = nullptr;
 };
 
 struct ExpertCacheStats {
@@ -310,9 +313,13 @@ class ExpertCache {
   // The free buddy of a resident partner's block, allocated; nullopt when there is none.
   std::optional<memory::Block> AllocateNextToPartner(const ExpertInfo& info);
   void OnMove(uint64_t from, uint64_t to);
+  // Time Acquire waited for a load: the stats' and the registry's.
+  void AddStall(uint64_t ns);
 
   ExpertDirectory directory_;
   ExpertCacheOptions options_;
+  std::shared_ptr<telemetry::Registry> registry_;
+  telemetry::ExpertCacheMetrics metrics_;
   std::unique_ptr<memory::TieredPool> pool_;
   memory::Defragmenter defrag_;
   std::unique_ptr<Loader> loader_;

@@ -101,6 +101,8 @@ Loader::Loader(const ExpertDirectory& directory, const LoaderOptions& options)
       queue_capacity_(std::max<size_t>(1, options.queue_capacity)),
       wait_deadline_(options.wait_deadline_ms),
       before_read_(options.before_read_for_testing),
+      registry_(telemetry::RegistryOrOwn(options.metrics)),
+      metrics_(*registry_),
       mode_(options.mode) {}
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& directory,
@@ -320,6 +322,7 @@ LoadResult Loader::ReadHere(const Job& job) {
   ++stats_.loads;
   if (!result.status.ok()) ++stats_.failed_loads;
   stats_.bytes_read += result.bytes_read;
+  metrics_.read_bytes.Increment(result.bytes_read);
   return result;
 }
 
@@ -359,6 +362,7 @@ void Loader::ThreadMain() {
     LoadResult result = Read(*job, staging_, bytes, /*io_thread=*/true);
     lock.lock();
     stats_.bytes_read += result.bytes_read;
+    metrics_.read_bytes.Increment(result.bytes_read);
     if (dropped(*job)) {
       EndLoadTrace(*job);
       ++stats_.late_reads_dropped;

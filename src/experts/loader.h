@@ -69,6 +69,7 @@
 #include "core/mapped_file.h"
 #include "experts/expert_directory.h"
 #include "experts/io_mode.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::experts {
 
@@ -95,6 +96,8 @@ struct LoaderOptions {
   // before the reads (not in the reads a Wait makes itself after its deadline): a sleep
   // in it is a slow device, a change to the file in it a change in the middle of a load.
   std::function<void(const ExpertInfo&)> before_read_for_testing = nullptr;
+  // Where the bytes read are published (null: a registry of the loader's own).
+  std::shared_ptr<telemetry::Registry> metrics = nullptr;
 };
 
 // What Wait does with a load that has not finished by the deadline.
@@ -203,6 +206,8 @@ class Loader {
   const size_t queue_capacity_;
   const std::chrono::milliseconds wait_deadline_;
   const std::function<void(const ExpertInfo&)> before_read_;
+  const std::shared_ptr<telemetry::Registry> registry_;
+  telemetry::LoaderMetrics metrics_;
 
   // Fixed after Create (read by the I/O thread and by a Wait past its deadline; both
   // descriptors stay open, so a fallback to buffered reads closes none under a read).

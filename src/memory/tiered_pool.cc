@@ -81,7 +81,11 @@ TieredPool::TieredPool(const TieredPoolOptions& options, uint64_t page, uint8_t*
       expert_base_(nullptr),
       experts_(std::move(experts)),
       activation_base_(nullptr),
-      activation_capacity_(options.activation_bytes) {
+      activation_capacity_(options.activation_bytes),
+      registry_(telemetry::RegistryOrOwn(options.metrics)),
+      metrics_(*registry_),
+      used_gauges_{&metrics_.persistent_used_bytes, &metrics_.expert_used_bytes,
+                   &metrics_.activation_used_bytes} {
   const uint64_t persistent = AlignUp(options.persistent_bytes, page);
   expert_base_ = map + AlignUpAddress(map, persistent, options.expert_min_block);
   activation_base_ = expert_base_ + experts_.pool_bytes();
@@ -118,6 +122,17 @@ void TieredPool::AddUsed(Tier tier, uint64_t bytes) {
   TierStats& s = tier_stats(tier);
   s.used += bytes;
   s.peak_used = std::max(s.peak_used, s.used);
+  Publish(tier);
+}
+
+void TieredPool::SubUsed(Tier tier, uint64_t bytes) {
+  tier_stats(tier).used -= bytes;
+  Publish(tier);
+}
+
+void TieredPool::Publish(Tier tier) {
+  used_gauges_[static_cast<size_t>(tier)]->Set(static_cast<double>(tier_stats(tier).used));
+  if (tier == Tier::kExpert) metrics_.expert_fragmentation.Set(experts_.fragmentation());
 }
 
 TierStats TieredPool::stats(Tier tier) const { return stats_[static_cast<size_t>(tier)]; }
@@ -199,7 +214,7 @@ void TieredPool::FreeExpert(uint64_t offset) {
   experts_.Free(offset);  // reports a bad offset
   if (size == 0) return;
   Decommit(expert_base_ + offset, size, Tier::kExpert);
-  tier_stats(Tier::kExpert).used -= size;
+  SubUsed(Tier::kExpert, size);
 }
 
 absl::Status TieredPool::MoveExpert(uint64_t from, uint64_t to) {
@@ -214,6 +229,7 @@ absl::Status TieredPool::MoveExpert(uint64_t from, uint64_t to) {
   [[maybe_unused]] absl::Status moved = experts_.Relocate(from, to);
   assert(moved.ok());
   Decommit(expert_base_ + from, size, Tier::kExpert);
+  Publish(Tier::kExpert);  // the fragmentation moved
   return absl::OkStatus();
 }
 
@@ -355,8 +371,8 @@ void TieredPool::ReleaseActivations(uint64_t lifetime) {
     ring_.pop_front();
     UnrefActivationPages(static_top_ + entry.data, static_top_ + entry.end);
     const bool wrap_entry = entry.data < entry.begin;
-    tier_stats(Tier::kActivation).used -=
-        wrap_entry ? (size - entry.begin) + entry.end : entry.end - entry.begin;
+    SubUsed(Tier::kActivation,
+            wrap_entry ? (size - entry.begin) + entry.end : entry.end - entry.begin);
     if (wrap_entry) ring_wrapped_ = false;
     ring_tail_ = entry.end;
   }
@@ -370,7 +386,7 @@ void TieredPool::ResetActivations() {
   ReleaseActivations(UINT64_MAX);
   for (const auto& [begin, end] : static_ranges_) UnrefActivationPages(begin, end);
   static_ranges_.clear();
-  tier_stats(Tier::kActivation).used -= static_top_;
+  SubUsed(Tier::kActivation, static_top_);
   static_top_ = 0;
 }
 

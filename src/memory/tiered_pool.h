@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "memory/buddy_allocator.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::memory {
 
@@ -31,6 +32,9 @@ struct TieredPoolOptions {
   // Smallest expert block: a power of two and a multiple of the page size.
   uint64_t expert_min_block = uint64_t{64} << 10;
   uint64_t activation_bytes = 0;  // KV cache + ring (may be 0)
+  // Where the tiers' used bytes and the expert tier's fragmentation are published (null:
+  // a registry of the pool's own).
+  std::shared_ptr<telemetry::Registry> metrics = nullptr;
 };
 
 struct TierStats {
@@ -114,6 +118,9 @@ class TieredPool {
 
   TierStats& tier_stats(Tier tier) { return stats_[static_cast<size_t>(tier)]; }
   void AddUsed(Tier tier, uint64_t bytes);
+  void SubUsed(Tier tier, uint64_t bytes);
+  // Sets the tier's gauges from its stats.
+  void Publish(Tier tier);
 
   uint64_t page_;
   uint8_t* map_;
@@ -137,6 +144,9 @@ class TieredPool {
   std::vector<uint32_t> activation_page_refs_;
 
   TierStats stats_[3];
+  std::shared_ptr<telemetry::Registry> registry_;
+  telemetry::PoolMetrics metrics_;
+  telemetry::Gauge* used_gauges_[3];  // by Tier
 };
 
 }  // namespace moert::memory

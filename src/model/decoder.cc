@@ -21,6 +21,7 @@
 #include "experts/loader.h"
 #include "backend/cpu_fallback.h"
 #include "backend/registry.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::model {
 
@@ -220,6 +221,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     pool_.set_kernels(config);
   }
   ffn_input_observer_ = options.ffn_input_observer;
+  registry_ = telemetry::RegistryOrOwn(options.metrics);
   kv_types_ = {options.kv_type_k, options.kv_type_v};
   // A row width the type cannot hold is named now, not at the first cache.
   MOERT_RETURN_IF_ERROR(backend::KvRowBytes(kv_types_.k, KeyWidth(spec_)).status());
@@ -241,6 +243,12 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     loader.set_release_pages(true);
   }
   MOERT_RETURN_IF_ERROR(LoadTensors(loader));
+  moe_services_.router_latency.assign(layers_.size(), nullptr);
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    if (layers_[il].moe.n_expert > 0) {
+      moe_services_.router_latency[il] = &telemetry::RouterLatency(*registry_, static_cast<int>(il));
+    }
+  }
   if (options.lock_weights) weight_lock_.Lock(DenseWeightRanges(Weights()));
   if (expert_cache_ != nullptr) {
     moe_services_.cache = expert_cache_.get();
@@ -287,7 +295,8 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   if (expert_cache_ != nullptr) monitor_->set_pool_capacity(expert_cache_->stats().capacity_experts);
   router_ = std::make_unique<router::Router>(pool_.kernels(), options.router,
                                              static_cast<int>(spec_.n_layer),
-                                             static_cast<int>(spec_.n_expert), monitor_.get());
+                                             static_cast<int>(spec_.n_expert), monitor_.get(),
+                                             registry_.get());
   std::vector<float> bias;
   if (!options.modality_bias_path.empty()) {
     MOERT_ASSIGN_OR_RETURN(bias, router::ReadModalityBias(options.modality_bias_path));
@@ -317,7 +326,7 @@ absl::Status DecoderModel::SetPrefetch(bool enabled, int depth) {
   if (!enabled || expert_cache_ == nullptr) return absl::OkStatus();
   prefetcher_ = std::make_unique<pipeline::Prefetcher>(
       expert_cache_.get(), n_layer, static_cast<int>(spec_.n_expert),
-      static_cast<int>(spec_.n_expert_used), depth);
+      static_cast<int>(spec_.n_expert_used), depth, registry_.get());
   moe_services_.prefetcher = prefetcher_.get();
   moe_services_.prefetch_depth = depth;
   return absl::OkStatus();
@@ -472,6 +481,7 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   experts::ExpertCacheOptions cache_options = options.expert_cache;
   cache_options.pool_bytes = pool;
   cache_options.loader.mode = options.io_mode;
+  cache_options.metrics = registry_;
   MOERT_ASSIGN_OR_RETURN(expert_cache_,
                          experts::ExpertCache::Create(std::move(*directory), cache_options));
   memory_.expert_pool = true;
@@ -691,6 +701,7 @@ absl::Status DecoderModel::ForwardBatch(const BatchInput& input, int64_t pos0,
     // left the host cache below pos0 as it was (it writes host rows only from pos0,
     // which the CPU rewrites below); the device copy is stale from pos0 on, so the
     // next device run uploads those rows from the host.
+    telemetry::BackendFailures(*registry_, backend_.backend).Increment();
     if (!failures_.OnFailure(status)) {
       device_graph_->Invalidate(cache->id(), pos0);
     } else {

@@ -127,6 +127,8 @@ class DecoderModel final : public Model {
   bool dense_fallback_ = false;
   // With a budget or a pool: its sizing (the pool's live figures come from the cache).
   MemoryStats memory_;
+  // What the model publishes to (LoadWeights sets it); before what refers to it.
+  std::shared_ptr<telemetry::Registry> registry_;
   std::unique_ptr<experts::ExpertCache> expert_cache_;
   // The ledger every KV cache reserves in (shared: a cache may outlive the model).
   std::shared_ptr<memory::MemoryBudget> budget_;

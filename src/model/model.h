@@ -27,6 +27,7 @@
 #include "pipeline/prefetcher.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
+#include "telemetry/metrics.h"
 
 namespace moert::model {
 
@@ -199,6 +200,10 @@ struct ModelLoadOptions {
   // (an embedder's own backend; tests: a backend with injected failures or fewer ops).
   // Called once at load; a failure is the device's (kAuto: the CPU runs).
   std::function<absl::StatusOr<std::unique_ptr<backend::Backend>>()> device_backend;
+
+  // --- Telemetry. The registry the model, its expert cache, loader, pool and router
+  // publish to (src/telemetry/runtime_metrics.h); null: one of the model's own.
+  std::shared_ptr<telemetry::Registry> metrics = nullptr;
 };
 
 // The backend a model runs on and why.

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "telemetry/trace.h"
+#include "telemetry/platform.h"
 
 namespace moert::pipeline {
 
@@ -241,6 +242,7 @@ absl::Status MoeScheduler::RouteBatch(int layer, TensorRef x, int64_t n, bool on
   route->weights.resize(static_cast<size_t>(n * k));
   int* chosen = route->chosen.data();
   float* ws = route->weights.data();
+  const uint64_t route_start = telemetry::NowNs();
   if (router != nullptr) {
     std::span<const uint64_t> resident;
     if (services_->cache != nullptr) resident = services_->cache->residency(layer);
@@ -249,6 +251,11 @@ absl::Status MoeScheduler::RouteBatch(int layer, TensorRef x, int64_t n, bool on
     for (int64_t t = 0; t < n; ++t) {
       backend::cpu::RouteToken(lp + t * n_expert, n_expert, k, w.renormalize, chosen + t * k,
                                ws + t * k);
+    }
+  }
+  if (static_cast<size_t>(layer) < services_->router_latency.size()) {
+    if (telemetry::Histogram* latency = services_->router_latency[static_cast<size_t>(layer)]) {
+      latency->Observe(static_cast<double>(telemetry::NowNs() - route_start) / 1e9);
     }
   }
   if (services_->route_observer != nullptr && *services_->route_observer) {

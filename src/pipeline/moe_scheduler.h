@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/backend.h"
+#include "telemetry/metrics.h"
 #include "backend/matrix.h"
 #include "backend/scratch.h"
 #include "experts/expert_cache.h"
@@ -76,6 +77,8 @@ struct MoeServices {
   // Called with every batch's routing (tests); null or empty: none.
   const std::function<void(int layer, int64_t n, int slots, const int* experts,
                            const float* weights)>* route_observer = nullptr;
+  // Per layer, where the time to route a batch is observed (null: not observed).
+  std::vector<telemetry::Histogram*> router_latency;
 };
 
 // Where a pooled model's experts ran on a device backend.

@@ -10,7 +10,7 @@
 namespace moert::pipeline {
 
 Prefetcher::Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, int n_used,
-                       int depth)
+                       int depth, telemetry::Registry* metrics)
     : cache_(cache),
       n_layer_(n_layer),
       n_expert_(n_expert),
@@ -18,7 +18,9 @@ Prefetcher::Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, i
       depth_(std::max(1, depth)),
       predicted_(static_cast<size_t>(n_layer)),
       has_prediction_(static_cast<size_t>(n_layer), false),
-      score_(static_cast<size_t>(n_expert)) {}
+      score_(static_cast<size_t>(n_expert)) {
+  if (metrics != nullptr) metrics_.emplace(*metrics);
+}
 
 void Prefetcher::BeginStep() { std::fill(has_prediction_.begin(), has_prediction_.end(), false); }
 
@@ -30,10 +32,18 @@ void Prefetcher::OnRouted(int layer, int64_t n, int slots, const int* experts) {
     if (experts[i] >= 0 && experts[i] < n_expert_) used[static_cast<size_t>(experts[i])] = true;
   }
   const std::vector<int>& predicted = predicted_[static_cast<size_t>(layer)];
+  const uint64_t chosen = static_cast<uint64_t>(std::count(used.begin(), used.end(), true));
+  uint64_t correct = 0;
+  for (int e : predicted) correct += used[static_cast<size_t>(e)] ? 1 : 0;
   ++stats_.predictions;
   stats_.predicted += predicted.size();
-  stats_.used += static_cast<uint64_t>(std::count(used.begin(), used.end(), true));
-  for (int e : predicted) stats_.correct += used[static_cast<size_t>(e)] ? 1 : 0;
+  stats_.used += chosen;
+  stats_.correct += correct;
+  if (metrics_) {
+    metrics_->predicted.Increment(predicted.size());
+    metrics_->chosen.Increment(chosen);
+    metrics_->correct.Increment(correct);
+  }
 }
 
 void Prefetcher::Predict(int layer, const float* logits, int64_t n) {

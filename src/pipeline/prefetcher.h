@@ -30,9 +30,11 @@
 #define MOERT_PIPELINE_PREFETCHER_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "experts/expert_cache.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::pipeline {
 
@@ -55,8 +57,10 @@ struct PrefetchStats {
 
 class Prefetcher {
  public:
-  // `cache` must outlive the prefetcher; depth >= 1 (layers ahead).
-  Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, int n_used, int depth);
+  // `cache` (and `metrics`, may be null: none published) must outlive the prefetcher;
+  // depth >= 1 (layers ahead).
+  Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, int n_used, int depth,
+             telemetry::Registry* metrics = nullptr);
 
   int depth() const { return depth_; }
 
@@ -82,6 +86,7 @@ class Prefetcher {
   std::vector<bool> has_prediction_;
   std::vector<float> score_;  // scratch, n_expert
   PrefetchStats stats_;
+  std::optional<telemetry::PrefetchMetrics> metrics_;
 };
 
 }  // namespace moert::pipeline

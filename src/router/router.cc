@@ -52,7 +52,7 @@ absl::StatusOr<std::vector<float>> ReadModalityBias(const std::string& path) {
 }
 
 Router::Router(const kernels::KernelConfig& kernels, const RouterOptions& options, int n_layer,
-               int n_expert, ResourceMonitor* monitor)
+               int n_expert, ResourceMonitor* monitor, telemetry::Registry* metrics)
     : kernels_(kernels),
       options_(options),
       n_layer_(n_layer),
@@ -63,7 +63,9 @@ Router::Router(const kernels::KernelConfig& kernels, const RouterOptions& option
       score_(static_cast<size_t>(n_expert)),
       plain_(static_cast<size_t>(n_expert)),
       adjusted_(static_cast<size_t>(n_expert)),
-      in_plain_(static_cast<size_t>(n_expert)) {}
+      in_plain_(static_cast<size_t>(n_expert)) {
+  if (metrics != nullptr) metrics_.emplace(*metrics);
+}
 
 absl::Status Router::Validate(const RouterOptions& options) {
   if (!(options.alpha >= 0) || !std::isfinite(options.alpha)) {
@@ -158,6 +160,8 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
   const float* bias = biased ? bias_.data() + static_cast<size_t>(layer) * static_cast<size_t>(ne)
                              : nullptr;
   const bool adjust = any_missing || biased;
+  // The batch's counts, published once after the loop.
+  const RouterStats before = stats_;
 
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits + t * ne;
@@ -227,6 +231,12 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
     ++stats_.token_layers;
     stats_.experts += static_cast<uint64_t>(k);
     if (k_limit < k_reduced) ++stats_.thermal_drops;
+  }
+  if (metrics_) {
+    metrics_->token_layers.Increment(stats_.token_layers - before.token_layers);
+    metrics_->experts.Increment(stats_.experts - before.experts);
+    metrics_->changed.Increment(stats_.changed - before.changed);
+    metrics_->thermal_drops.Increment(stats_.thermal_drops - before.thermal_drops);
   }
 }
 

@@ -22,6 +22,7 @@
 #define MOERT_ROUTER_ROUTER_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/config.h"
 #include "router/resource_monitor.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::router {
 
@@ -84,8 +86,9 @@ struct RouterStats {
 class Router {
  public:
   // `monitor` (may be null: no pressure, no thermal state) must outlive the router.
+  // `metrics` (may be null: none published) must outlive the router.
   Router(const kernels::KernelConfig& kernels, const RouterOptions& options, int n_layer,
-         int n_expert, ResourceMonitor* monitor);
+         int n_expert, ResourceMonitor* monitor, telemetry::Registry* metrics = nullptr);
 
   // InvalidArgument naming the field for options out of range (alpha < 0 or not
   // finite, dynamic_k_p outside [0, 1], k_min < 1, k_max < k_min when set, ...).
@@ -139,6 +142,7 @@ class Router {
   // Last step each (layer, expert) was in an unadjusted choice; 0: never.
   std::vector<uint64_t> wanted_step_;
   RouterStats stats_;
+  std::optional<telemetry::RouterMetrics> metrics_;
   // Scratch, n_expert each.
   std::vector<float> p_, score_;
   std::vector<uint32_t> plain_, adjusted_;

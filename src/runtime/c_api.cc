@@ -1,5 +1,6 @@
 // The C API (include/moert/moert.h) over moert::MoERuntime and moert::Session.
 // Every entry point catches everything: no exception crosses into C.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -12,6 +13,7 @@
 
 #include "moert/moert.h"
 #include "moert/runtime.h"
+#include "telemetry/platform.h"
 
 struct moert_runtime {
   std::unique_ptr<moert::MoERuntime> runtime;
@@ -616,6 +618,41 @@ moert_status moert_session_memory_stats(const moert_session* session, moert_memo
     stats->kv_cache_bytes = s.kv_cache_bytes;
     stats->kv_reserved_bytes = s.kv_reserved_bytes;
     stats->kv_caches = s.kv_caches;
+    return MOERT_OK;
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
+int64_t moert_runtime_metrics(const moert_runtime* runtime, char* buf, size_t len) {
+  if (runtime == nullptr || (buf == nullptr && len > 0)) return -MOERT_INVALID_ARGUMENT;
+  try {
+    const std::string text = runtime->runtime->Metrics();
+    if (len > 0) {
+      const size_t n = std::min(text.size(), len - 1);
+      std::memcpy(buf, text.data(), n);
+      buf[n] = '\0';
+    }
+    return static_cast<int64_t>(text.size());
+  } catch (...) {
+    return -MOERT_INTERNAL;
+  }
+}
+
+moert_status moert_set_log_callback(moert_log_callback callback, void* user_data, int min_level) {
+  if (min_level < MOERT_LOG_DEBUG || min_level > MOERT_LOG_ERROR) return MOERT_INVALID_ARGUMENT;
+  try {
+    namespace telemetry = moert::telemetry;
+    telemetry::SetMinLogLevel(static_cast<telemetry::LogLevel>(min_level));
+    if (callback == nullptr) {
+      telemetry::SetLogSink(nullptr);
+    } else {
+      telemetry::SetLogSink([callback, user_data](telemetry::LogLevel level,
+                                                  std::string_view message) {
+        const std::string text(message);  // NUL-terminated for C
+        callback(static_cast<int>(level), text.c_str(), user_data);
+      });
+    }
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;

@@ -21,6 +21,7 @@
 #include "runtime/inference_guard.h"
 #include "runtime/vision.h"
 #include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/image_embedding.h"
 
@@ -33,8 +34,9 @@ Status FromAbsl(const absl::Status& status);
 // A model ready to generate with. Shared by the runtime and its sessions, so a
 // session outlives a reload or the runtime itself.
 struct LoadedModel {
-  LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t)
-      : model(std::move(m)), tokenizer(std::move(t)) {}
+  LoadedModel(std::unique_ptr<model::Model> m, tokenizer::Tokenizer t,
+              std::shared_ptr<telemetry::Registry> r)
+      : model(std::move(m)), tokenizer(std::move(t)), metrics(std::move(r)) {}
   // Unloading saves the hot set (a no-op without an expert pool or with hot_set off).
   ~LoadedModel() {
     if (model != nullptr) SaveHotSetOrLog();
@@ -53,6 +55,8 @@ struct LoadedModel {
 
   std::unique_ptr<model::Model> model;
   tokenizer::Tokenizer tokenizer;
+  // The runtime's registry, which the model and its sessions publish to (never null).
+  std::shared_ptr<telemetry::Registry> metrics;
   model::ChatTemplateKind chat_template = model::ChatTemplateKind::kPlain;
   int context_length = 0;
   ModelInfo info;
@@ -176,8 +180,6 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
                              GenerateResult* result);
   // The model's memory figures, read between other sessions' steps.
   model::MemoryStats MemoryStats() const;
-  // The model's router counters (zeros without a router).
-  router::RouterStats RouterStats() const;
 
   std::shared_ptr<runtime::LoadedModel> model_;
   std::unique_ptr<model::KvCache> cache_;
@@ -216,10 +218,11 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   int context_limit_ = 0;  // 0: the cache's capacity
   pipeline::DegradePolicy policy_;
   runtime::ModelActuator actuator_;
-  runtime::ModelMetrics metrics_;
+  runtime::ModelMetrics degrade_metrics_;
   std::unique_ptr<runtime::InferenceGuard> guard_;
   int64_t step_ = 0;
   std::vector<std::string> degrades_;
+  telemetry::GenerationMetrics metrics_;
 };
 
 }  // namespace moert

@@ -26,6 +26,8 @@
 #include "model/model.h"
 #include "pipeline/degrade_policy.h"
 #include "runtime/internal.h"
+#include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moert {
@@ -99,7 +101,8 @@ experts::IoMode ToExpertsIoMode(IoMode mode) {
 
 absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
                                                   const RuntimeOptions& options,
-                                                  const ProgressCallback& progress) {
+                                                  const ProgressCallback& progress,
+                                                  std::shared_ptr<telemetry::Registry> metrics) {
   const auto start = std::chrono::steady_clock::now();
   ProgressReporter reporter(progress);
   reporter.Report(0.0f);
@@ -154,6 +157,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
                                                              : model::Backend::kCpu;
   // The budget sets the KV cache aside for the context sessions will get (0: what fits).
   load_options.kv_cache_positions = options.context_length;
+  load_options.metrics = metrics;
   auto model = model::Model::Load(gguf, load_options);
   if (!model.ok()) {
     if (reporter.cancelled()) {
@@ -168,7 +172,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
                " tokens but the model's output has only ", spec.n_vocab));
   }
 
-  auto loaded = std::make_shared<LoadedModel>(std::move(*model), std::move(*tokenizer));
+  auto loaded =
+      std::make_shared<LoadedModel>(std::move(*model), std::move(*tokenizer), std::move(metrics));
   // A template of no known family falls back to plain rather than failing the load.
   loaded->chat_template = model::ChatTemplateKind::kPlain;
   if (gguf.FindKey("tokenizer.chat_template") != nullptr) {
@@ -262,6 +267,12 @@ struct MOERT_RUNTIME_HIDDEN MoERuntime::Impl {
   // time runs on it (one_shot_mutex, taken before `mutex`).
   mutable std::mutex one_shot_mutex;
   std::unique_ptr<Session> one_shot;
+  // What every model this runtime loads publishes to: counters go on across reloads.
+  const std::shared_ptr<telemetry::Registry> metrics = [] {
+    auto registry = std::make_shared<telemetry::Registry>();
+    telemetry::RegisterRuntimeMetrics(*registry);
+    return registry;
+  }();
 
   std::shared_ptr<runtime::LoadedModel> Model() const {
     std::lock_guard<std::mutex> lock(mutex);
@@ -363,6 +374,8 @@ Status MoERuntime::Create(const RuntimeOptions& options, std::unique_ptr<MoERunt
   return Status();
 }
 
+std::string MoERuntime::Metrics() const { return impl_->metrics->PrometheusText(); }
+
 Status MoERuntime::SetOptions(const RuntimeOptions& options) {
   RuntimeOptions checked = options;
   if (Status status = CheckOptions(&checked); !status.ok()) return status;
@@ -398,7 +411,7 @@ Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& pr
     std::lock_guard<std::mutex> lock(impl_->mutex);
     options = impl_->options;
   }
-  auto loaded = runtime::Load(path, options, progress);
+  auto loaded = runtime::Load(path, options, progress, impl_->metrics);
   if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
   std::shared_ptr<runtime::LoadedModel> old;
   std::unique_ptr<Session> old_one_shot;
@@ -407,6 +420,12 @@ Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& pr
   old = std::move(impl_->model);
   old_one_shot = std::move(impl_->one_shot);
   impl_->model = std::move(*loaded);
+  const ModelInfo& info = impl_->model->info;
+  if (telemetry::LogEnabled(telemetry::LogLevel::kDebug)) {
+    telemetry::Log(telemetry::LogLevel::kDebug,
+                   StrCat("loaded ", path, " (", info.architecture, ", ", info.backend, ") in ",
+                          static_cast<int64_t>(info.load_ms), " ms"));
+  }
   ApplyDeviceState(*impl_->model, impl_->temperature);
   runtime::Trim(*impl_->model, impl_->trim_level);
   return Status();

@@ -7,7 +7,6 @@
 // own tokens are new; a chat request re-renders the whole history with the
 // template, and the common prefix with the cache is what earlier turns left there.
 #include <algorithm>
-#include <chrono>
 #include <span>
 #include <string>
 #include <utility>
@@ -20,17 +19,17 @@
 #include "model/stop.h"
 #include "moert/runtime.h"
 #include "runtime/internal.h"
+#include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "vision/prompt.h"
 
 namespace moert {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using telemetry::NowNs;
 
-double MillisSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+double MillisSince(uint64_t start_ns) { return static_cast<double>(NowNs() - start_ns) / 1e6; }
 
 absl::Status CheckRole(const std::string& role) {
   if (role == "system" || role == "user" || role == "assistant") return absl::OkStatus();
@@ -385,7 +384,14 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
     return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
   };
   ++step_;
-  MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
+  const size_t degrades_before = degrades_.size();
+  const absl::Status status = guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt();
+  // The guard's retries are degrade events too, by their failure kind ("io_error: ...").
+  for (size_t i = degrades_before; i < degrades_.size(); ++i) {
+    telemetry::CountDegradeEvent(*model_->metrics,
+                                 std::string_view(degrades_[i]).substr(0, degrades_[i].find(':')));
+  }
+  MOERT_RETURN_IF_ERROR(status);
   DegradeStep(static_cast<int64_t>(tokens.size()));
   return absl::OkStatus();
 }
@@ -410,10 +416,11 @@ void Session::Impl::DegradeStep(int64_t tokens) {
   std::vector<pipeline::DegradeEvent> events;
   {
     std::lock_guard<std::mutex> lock(model_->forward_mutex);
-    events = policy_.Step(step_, metrics_.Read(tokens), actuator_);
+    events = policy_.Step(step_, degrade_metrics_.Read(tokens), actuator_);
   }
   for (const pipeline::DegradeEvent& e : events) {
     if (!e.status.ok()) continue;
+    telemetry::CountDegradeEvent(*model_->metrics, e.reason);
     degrades_.push_back(StrCat(e.reason, ": ", pipeline::DegradeActionName(e.action), " (", e.value,
                                " against ", e.bound, ")"));
   }
@@ -427,7 +434,8 @@ Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
       policy_(model_->degrade),
       actuator_(
           model_->model.get(), [this] { return ShortenContext(); }, &model_->degrades_in_force),
-      metrics_(model_->model.get()) {
+      degrade_metrics_(model_->model.get()),
+      metrics_(*model_->metrics) {
   if (model_->inference_guard) {
     guard_ =
         std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex);
@@ -457,12 +465,6 @@ model::MemoryStats Session::Impl::MemoryStats() const {
   return model_->model->memory_stats();
 }
 
-router::RouterStats Session::Impl::RouterStats() const {
-  std::lock_guard<std::mutex> lock(model_->forward_mutex);
-  const router::Router* r = model_->model->router();
-  return r != nullptr ? r->stats() : router::RouterStats();
-}
-
 size_t Session::Impl::CachedPrefix(const std::vector<int32_t>& target,
                                    const std::vector<runtime::EmbeddingRow>& rows) const {
   const size_t in_cache = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
@@ -485,7 +487,7 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
   const size_t common = CachedPrefix(target, rows);
   cache_->Truncate(static_cast<int>(common));
 
-  const auto start = Clock::now();
+  const uint64_t start = NowNs();
   const std::span<const int32_t> fresh = std::span(target).subspan(common);
   size_t row = CountEmbeddingPositions(std::span(target).subspan(0, common));
   // In chunks, so that a cancel stops a long prefill between them (the logits are
@@ -502,7 +504,10 @@ absl::Status Session::Impl::Prefill(const std::vector<int32_t>& target,
     }
     const std::span<const int32_t> chunk = fresh.subspan(at, std::min(kChunk, fresh.size() - at));
     const size_t chunk_rows = CountEmbeddingPositions(chunk);
+    const uint64_t chunk_start = NowNs();
     MOERT_RETURN_IF_ERROR(Forward(chunk, std::span(rows).subspan(row, chunk_rows)));
+    metrics_.prefill_ns.Increment(NowNs() - chunk_start);
+    metrics_.prefill_tokens.Increment(chunk.size());
     row += chunk_rows;
     stats_.prefill_tokens += static_cast<int>(chunk.size());
   }
@@ -530,7 +535,7 @@ absl::Status Session::Impl::Slide() {
 
 absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
                                           const TokenCallback& on_token, GenerateResult* result) {
-  const auto start = Clock::now();
+  const uint64_t start = NowNs();
   cancel_ = request.cancel;
 
   // Everything that can be wrong with the request is found before the session changes.
@@ -607,6 +612,7 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
     const int32_t token = *sampled;
     if (!sampled_any) {
       stats_.time_to_first_token_ms = MillisSince(start);
+      metrics_.time_to_first_token.Observe(stats_.time_to_first_token_ms / 1000.0);
       sampled_any = true;
     }
     if (tokenizer.vocab().Contains(token) && tokenizer.vocab().IsEog(token)) {
@@ -636,9 +642,12 @@ absl::Status Session::Impl::RunGeneration(const GenerateRequest& request,
       MOERT_RETURN_IF_ERROR(Slide());  // evaluates `token` too
       continue;
     }
-    const auto step_start = Clock::now();
+    const uint64_t step_start = NowNs();
     MOERT_RETURN_IF_ERROR(Forward(std::span<const int32_t>(&token, 1)));
-    decode_ms += MillisSince(step_start);
+    const uint64_t step_ns = NowNs() - step_start;
+    metrics_.decode_ns.Increment(step_ns);
+    metrics_.decode_tokens.Increment();
+    decode_ms += static_cast<double>(step_ns) / 1e6;
     ++decode_steps;
   }
   if (!stops.stopped()) {
@@ -683,8 +692,9 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
   degrades_.clear();
-  const model::MemoryStats before = MemoryStats();
-  const router::RouterStats routed_before = RouterStats();
+  metrics_.requests.Increment();
+  const telemetry::Registry& registry = *model_->metrics;
+  const auto before = telemetry::GenerationSnapshot::Read(registry);
   const absl::Status status = RunGeneration(request, on_token, out);
   cancel_ = nullptr;
   if (absl::IsCancelled(status)) {
@@ -695,14 +705,12 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   if (absl::IsCancelled(status) && out->finish_reason == FinishReason::kNone) {
     out->finish_reason = FinishReason::kCancelled;  // during the prefill
   }
-  const router::RouterStats routed = RouterStats();
-  if (const uint64_t n = routed.token_layers - routed_before.token_layers; n > 0) {
-    stats_.average_experts_per_token =
-        static_cast<double>(routed.experts - routed_before.experts) / static_cast<double>(n);
-    stats_.router_changed_fraction =
-        static_cast<double>(routed.changed - routed_before.changed + routed.thermal_drops -
-                            routed_before.thermal_drops) /
-        static_cast<double>(n);
+  const auto now = telemetry::GenerationSnapshot::Read(registry);
+  if (const double n = now.token_layers - before.token_layers; n > 0) {
+    stats_.average_experts_per_token = (now.experts_chosen - before.experts_chosen) / n;
+    stats_.router_changed_fraction = (now.router_changed - before.router_changed +
+                                      now.thermal_drops - before.thermal_drops) /
+                                     n;
   }
   stats_.finish_reason = out->finish_reason;
   std::vector<std::string> in_force;
@@ -725,29 +733,24 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_.kv_caches = static_cast<int>(after.ledger.kv_caches);
   if (after.expert_pool) {
     const experts::ExpertCacheStats& p = after.pool;
-    const experts::ExpertCacheStats& p0 = before.pool;
     stats_.expert_pool_bytes = static_cast<int64_t>(p.pool_bytes);
     stats_.expert_pool_used_bytes = static_cast<int64_t>(p.used_bytes);
     stats_.expert_pool_free_bytes = static_cast<int64_t>(p.free_bytes);
     stats_.expert_pool_fragmentation = p.fragmentation;
-    const uint64_t hits = p.hits - p0.hits;
-    const uint64_t needed = hits + p.misses - p0.misses;
-    stats_.expert_hit_rate = needed > 0 ? static_cast<double>(hits) / static_cast<double>(needed) : 0;
-    const pipeline::PrefetchStats& f = after.prefetcher;
-    const pipeline::PrefetchStats& f0 = before.prefetcher;
-    if (after.prefetch && f.predicted > f0.predicted) {
-      stats_.prefetch_precision =
-          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.predicted - f0.predicted);
+    const double hits = now.expert_hits - before.expert_hits;
+    const double needed = hits + now.expert_misses - before.expert_misses;
+    stats_.expert_hit_rate = needed > 0 ? hits / needed : 0;
+    if (const double predicted = now.predicted - before.predicted; after.prefetch && predicted > 0) {
+      stats_.prefetch_precision = (now.predicted_correct - before.predicted_correct) / predicted;
     }
-    if (after.prefetch && f.used > f0.used) {
-      stats_.prefetch_recall =
-          static_cast<double>(f.correct - f0.correct) / static_cast<double>(f.used - f0.used);
+    if (const double chosen = now.predicted_chosen - before.predicted_chosen;
+        after.prefetch && chosen > 0) {
+      stats_.prefetch_recall = (now.predicted_correct - before.predicted_correct) / chosen;
     }
     if (evaluated_tokens_ > 0) {
       const double tokens = static_cast<double>(evaluated_tokens_);
-      stats_.expert_bytes_read_per_token =
-          static_cast<double>(p.bytes_loaded - p0.bytes_loaded) / tokens;
-      stats_.expert_stall_ms_per_token = static_cast<double>(p.stall_ns - p0.stall_ns) / 1e6 / tokens;
+      stats_.expert_bytes_read_per_token = (now.read_bytes - before.read_bytes) / tokens;
+      stats_.expert_stall_ms_per_token = (now.stall_seconds - before.stall_seconds) * 1e3 / tokens;
     }
   }
   return runtime::FromAbsl(status);

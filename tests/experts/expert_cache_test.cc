@@ -1,13 +1,15 @@
-// The expert cache: exact counters, pins never evicted, the lazy rule, recency and
+// The expert cache: exact counters (its stats and the registry's), pins never evicted, the lazy rule, recency and
 // frequency, defragmentation of a pool of mixed expert sizes, failed loads.
 #include "experts/expert_cache.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "experts/test_model.h"
+#include "telemetry/metrics.h"
 
 namespace moert::experts {
 namespace {
@@ -90,6 +92,38 @@ TEST(ExpertCache, CountersAreExact) {
   EXPECT_EQ(s.evictions, 3u);
   EXPECT_EQ(s.resident_experts, 0u);
   EXPECT_EQ(cache->residency(0), std::vector<uint64_t>{0});
+}
+
+TEST(ExpertCache, PublishesLoadsBytesAndPoolStateToTheRegistry) {
+  const TestModel model = Model("metrics");
+  ExpertCacheOptions options;
+  options.pool_bytes = 4 * 128 * kKiB;
+  options.loader.mode = IoMode::kBuffered;
+  options.metrics = std::make_shared<telemetry::Registry>();
+  auto created = ExpertCache::Create(model.Directory(), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ExpertCache& cache = **created;
+  const telemetry::Registry& registry = *options.metrics;
+  const uint64_t file_bytes = cache.directory().info(0, 0).file_bytes;
+  Use(cache, model, 0, 0);  // miss
+  Use(cache, model, 0, 1);  // miss
+  Use(cache, model, 0, 0);  // hit
+  ASSERT_EQ(cache.Prefetch(1, 2), ExpertCache::PrefetchResult::kStarted);
+  cache.Drain();
+  Use(cache, model, 1, 2);  // prefetched
+  Use(cache, model, 1, 2);  // hit
+  const ExpertCacheStats s = cache.stats();
+  EXPECT_EQ(registry.Read("moert_expert_loads_total", {"hit"}), 2);
+  EXPECT_EQ(registry.Read("moert_expert_loads_total", {"prefetched"}), 1);
+  EXPECT_EQ(registry.Read("moert_expert_loads_total", {"miss"}), 2);
+  EXPECT_EQ(s.hits, 3u);  // the stats count a prefetch in time as a hit
+  EXPECT_EQ(registry.Read("moert_expert_read_bytes_total"), static_cast<double>(3 * file_bytes));
+  EXPECT_EQ(registry.Read("moert_expert_stall_seconds_total"), static_cast<double>(s.stall_ns) / 1e9);
+  EXPECT_EQ(registry.Read("moert_pool_used_bytes", {"expert"}), static_cast<double>(3 * 128 * kKiB));
+  EXPECT_EQ(registry.Read("moert_pool_fragmentation_ratio", {"expert"}), s.fragmentation);
+  cache.EvictAll();
+  EXPECT_EQ(registry.Read("moert_pool_used_bytes", {"expert"}), 0);
+  EXPECT_EQ(registry.Read("moert_pool_fragmentation_ratio", {"expert"}), 0);
 }
 
 TEST(ExpertCache, PinnedExpertsAreNeverEvicted) {

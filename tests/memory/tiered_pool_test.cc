@@ -9,8 +9,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "telemetry/metrics.h"
 
 namespace moert::memory {
 namespace {
@@ -145,6 +148,34 @@ TEST(TieredPoolTest, PersistentArenaBumpsAndCommitsPages) {
               HasSubstr(std::to_string(1 * kMiB - 14096) + " of " + std::to_string(1 * kMiB)));
   EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocatePersistent(0).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(pool->AllocatePersistent(8, 3).status()));
+}
+
+TEST(TieredPoolTest, UsedBytesOfEveryTierAreGaugesOfTheRegistry) {
+  TieredPoolOptions options;
+  options.persistent_bytes = 1 * kMiB;
+  options.expert_bytes = 256 * kKiB;
+  options.activation_bytes = 64 * kKiB;
+  options.metrics = std::make_shared<telemetry::Registry>();
+  auto created = TieredPool::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  TieredPool& pool = **created;
+  const telemetry::Registry& registry = *options.metrics;
+  const auto used = [&](const char* tier) { return registry.Read("moert_pool_used_bytes", {tier}); };
+  ASSERT_TRUE(pool.AllocatePersistent(100).ok());
+  EXPECT_EQ(used("persistent"), 100);
+  auto a = pool.AllocateExpert(64 * kKiB);
+  auto b = pool.AllocateExpert(64 * kKiB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(used("expert"), static_cast<double>(128 * kKiB));
+  // Freeing the first block leaves 64 KiB and 128 KiB free apart: a third fragmented.
+  pool.FreeExpert(a->offset);
+  EXPECT_EQ(used("expert"), static_cast<double>(64 * kKiB));
+  EXPECT_EQ(registry.Read("moert_pool_fragmentation_ratio", {"expert"}), 1.0 - 2.0 / 3.0);
+  ASSERT_TRUE(pool.AllocateActivation(16 * kKiB, 0).ok());
+  EXPECT_EQ(used("activation"), static_cast<double>(pool.stats(Tier::kActivation).used));
+  EXPECT_GE(used("activation"), static_cast<double>(16 * kKiB));
+  pool.ResetActivations();
+  EXPECT_EQ(used("activation"), 0);
 }
 
 TEST(TieredPoolTest, ActivationRingReleasesByLifetimeInOrder) {

@@ -78,6 +78,20 @@ static int on_token(const char* piece, int32_t token, void* user_data) {
   return 0;
 }
 
+typedef struct {
+  int calls;
+  int min_level_seen;
+  char last[256];
+} log_state;
+
+static void on_log(int level, const char* message, void* user_data) {
+  log_state* state = (log_state*)user_data;
+  ++state->calls;
+  if (level < state->min_level_seen) state->min_level_seen = level;
+  strncpy(state->last, message, sizeof(state->last) - 1);
+  state->last[sizeof(state->last) - 1] = '\0';
+}
+
 static void reset_tokens(token_state* state, int cancel_after) {
   memset(state, 0, sizeof(*state));
   state->cancel_after = cancel_after;
@@ -139,10 +153,22 @@ int main(int argc, char** argv) {
   CHECK_STATUS(moert_runtime_load_model(runtime, vocab_path, NULL, NULL), MOERT_INVALID_ARGUMENT);
   CHECK(strstr(moert_last_error(runtime), "is not an LLM") != NULL);
 
-  /* Load with progress. */
-  memset(&progress, 0, sizeof(progress));
-  progress.monotonic = 1;
-  CHECK_STATUS(moert_runtime_load_model(runtime, model_path, on_progress, &progress), MOERT_OK);
+  /* The log through a callback: the load says so at debug level. */
+  {
+    log_state log;
+    memset(&log, 0, sizeof(log));
+    log.min_level_seen = 99;
+    CHECK_STATUS(moert_set_log_callback(on_log, &log, MOERT_LOG_ERROR + 1), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_set_log_callback(on_log, &log, MOERT_LOG_DEBUG), MOERT_OK);
+    /* Load with progress. */
+    memset(&progress, 0, sizeof(progress));
+    progress.monotonic = 1;
+    CHECK_STATUS(moert_runtime_load_model(runtime, model_path, on_progress, &progress), MOERT_OK);
+    CHECK_STATUS(moert_set_log_callback(NULL, NULL, MOERT_LOG_INFO), MOERT_OK);
+    CHECK(log.calls >= 1);
+    CHECK(log.min_level_seen == MOERT_LOG_DEBUG);
+    CHECK(strstr(log.last, "loaded") != NULL);
+  }
   CHECK(strcmp(moert_last_error(runtime), "") == 0);
   CHECK(progress.calls >= 2);
   CHECK(progress.first >= 0.0f && progress.first < 1.0f);
@@ -184,6 +210,31 @@ int main(int argc, char** argv) {
   CHECK(stats.peak_rss_bytes > 0);
   CHECK(stats.average_experts_per_token == 2.0); /* the oracle model's top-2 */
   CHECK(stats.router_changed_fraction == 0.0);
+
+  /* The metrics of that generation, snprintf-style. */
+  {
+    char small[8];
+    char* text;
+    const int64_t length = moert_runtime_metrics(runtime, NULL, 0);
+    CHECK(length > 0);
+    CHECK(moert_runtime_metrics(NULL, small, sizeof(small)) == -MOERT_INVALID_ARGUMENT);
+    CHECK(moert_runtime_metrics(runtime, NULL, 4) == -MOERT_INVALID_ARGUMENT);
+    CHECK(moert_runtime_metrics(runtime, small, sizeof(small)) == length);
+    CHECK(strlen(small) == sizeof(small) - 1 && strncmp(small, "# HELP ", 7) == 0);
+    text = (char*)malloc((size_t)length + 1);
+    CHECK(text != NULL);
+    if (text != NULL) {
+      CHECK(moert_runtime_metrics(runtime, text, (size_t)length + 1) == length);
+      CHECK((int64_t)strlen(text) == length);
+      CHECK(strstr(text, "\nmoert_prefill_tokens_total 3\n") != NULL);
+      CHECK(strstr(text, "\nmoert_decode_tokens_total 31\n") != NULL); /* the 32nd not run */
+      CHECK(strstr(text, "\nmoert_requests_total 1\n") != NULL);
+      CHECK(strstr(text, "\nmoert_time_to_first_token_seconds_count 1\n") != NULL);
+      CHECK(strstr(text, "\nmoert_router_latency_seconds_count{layer=\"0\"} 32\n") != NULL);
+      CHECK(strstr(text, "# TYPE moert_degrade_events_total counter\n") != NULL);
+      free(text);
+    }
+  }
 
   /* Cancel through the callback's return value, after 5 tokens. */
   CHECK_STATUS(moert_session_reset(session), MOERT_OK);

@@ -22,6 +22,7 @@
 #include "pipeline/degrade_policy.h"
 #include "runtime/degrade_actions.h"
 #include "runtime/internal.h"
+#include "telemetry/metrics.h"
 #include "telemetry/platform.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,12 +42,20 @@ const std::vector<int32_t> kGreedyIds = {13, 2010, 270, 1999, 275, 2014, 277, 30
 
 using test_util::Greedy;
 
+// The registry the test models publish to and their LoadedModels read (as a runtime
+// shares one between its model and sessions).
+std::shared_ptr<telemetry::Registry> TestRegistry() {
+  static const auto registry = std::make_shared<telemetry::Registry>();
+  return registry;
+}
+
 std::unique_ptr<model::Model> LoadModel(const std::string& path,
                                         model::ModelLoadOptions options = {}) {
   auto file = format::GgufFile::Open(path);
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return nullptr;
   options.kv_cache_positions = 64;
+  if (options.metrics == nullptr) options.metrics = TestRegistry();
   auto model = model::Model::Load(**file, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
@@ -108,7 +117,8 @@ std::shared_ptr<runtime::LoadedModel> Loaded(std::unique_ptr<model::Model> model
   EXPECT_TRUE(file.ok()) << file.status();
   auto tokenizer = tokenizer::Tokenizer::FromGguf(**file);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
-  auto loaded = std::make_shared<runtime::LoadedModel>(std::move(model), std::move(*tokenizer));
+  auto loaded = std::make_shared<runtime::LoadedModel>(std::move(model), std::move(*tokenizer),
+                                                       TestRegistry());
   loaded->inference_guard = guard;
   loaded->degrade_rules = rules;
   loaded->degrade = std::move(degrade);
@@ -194,6 +204,8 @@ TEST(InferenceGuardTest, ReduceTopKRetryLowersK) {
   EXPECT_EQ(model->router()->options().k_reduction, 1);
   EXPECT_EQ(session->stats().average_experts_per_token,
             static_cast<double>(model->spec().n_expert_used) - 1);
+  // Counted in the registry by its reason.
+  EXPECT_GE(TestRegistry()->Read("moert_degrade_events_total", {"io_error"}).value_or(0), 1.0);
 }
 
 TEST(InferenceGuardTest, AnOrderSpentFailsNamingWhatWasTriedThenTheNextRequestRuns) {
