@@ -2,7 +2,7 @@
 # Sets up and runs every test of moert (this is what CI runs, through .ci/run):
 #   1. x86_64 build, warnings as errors, unit + tool + install tests
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
-#   2b. the runtime, experts, pipeline and memory tests under ThreadSanitizer
+#   2b. the runtime, experts, pipeline, memory and telemetry tests under ThreadSanitizer
 #   3. aarch64 cross build (no benchmarks: their kernels' bits are the unit tests'),
 #      its tests under qemu-aarch64 -cpu max
 #   (tests labelled `slow`, the full perplexity runs, only run in step 1)
@@ -41,13 +41,14 @@ if [[ $skip != *" tsan "* ]]; then
   # The calls documented for any thread, the loader's and prefetcher's threads, the
   # budget's ledger: the modules with threads of their own. No OpenCL (PoCL's threads
   # are not instrumented); the compute pool's hand-offs are annotated (core/thread_pool).
-  step "x86_64: runtime, experts, pipeline and memory tests under ThreadSanitizer"
+  step "x86_64: runtime, experts, pipeline, memory and telemetry tests under ThreadSanitizer"
   cmake -S . -B "$root/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON \
     -DMOERT_TSAN=ON -DMOERT_OPENCL=OFF -DMOERT_BUILD_BENCH=OFF -DMOERT_BUILD_TOOLS=OFF
-  cmake --build "$root/tsan" -j "$jobs" --target runtime_test experts_test pipeline_test memory_test
+  cmake --build "$root/tsan" -j "$jobs" --target runtime_test experts_test pipeline_test memory_test \
+    telemetry_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir "$root/tsan" --output-on-failure -j "$jobs" -LE slow \
-    -R '^(Runtime|Session|ThreadSafety|MemoryBudget|ExpertCache|Loader|ExpertDirectory|Checksum|HotSet|IoMode|Prefetch|Oracle/Prefetch|MoeScheduler|Buddy|Budget|Tiered|CoPlacement|Defrag)'
+    -R '^(Runtime|Session|ThreadSafety|MemoryBudget|ExpertCache|Loader|ExpertDirectory|Checksum|HotSet|IoMode|Prefetch|Oracle/Prefetch|MoeScheduler|Buddy|Budget|Tiered|CoPlacement|Defrag|Degrade|InferenceGuard|GuardInjection|Metrics|Trace|ModelTrace|Platform)'
 fi
 
 if [[ $skip != *" aarch64 "* ]]; then
