@@ -33,6 +33,19 @@ int64_t LockedBytes() {
 
 size_t Page() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
 
+// The sanitizers' runtimes intercept mlock and munlock as no-ops (VmLck never moves).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerMlock = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizerMlock = true;
+#else
+constexpr bool kSanitizerMlock = false;
+#endif
+#else
+constexpr bool kSanitizerMlock = false;
+#endif
+
 // mlock the machine refuses outright (no RLIMIT_MEMLOCK room at all) cannot be tested.
 bool CanLockAPage() {
   std::vector<uint8_t> probe(2 * Page());
@@ -42,6 +55,7 @@ bool CanLockAPage() {
 }
 
 TEST(WeightLockTest, LocksAndUnlocksItsRanges) {
+  if (kSanitizerMlock) GTEST_SKIP() << "under a sanitizer mlock is a no-op";
   if (!CanLockAPage()) GTEST_SKIP() << "this process may not mlock (RLIMIT_MEMLOCK)";
   const int64_t before = LockedBytes();
   ASSERT_GE(before, 0) << "no VmLck in /proc/self/status";
@@ -60,6 +74,7 @@ TEST(WeightLockTest, LocksAndUnlocksItsRanges) {
 }
 
 TEST(WeightLockTest, ARefusedRangeLeavesNothingLockedAndSaysWhy) {
+  if (kSanitizerMlock) GTEST_SKIP() << "under a sanitizer mlock is a no-op";
   if (!CanLockAPage()) GTEST_SKIP() << "this process may not mlock (RLIMIT_MEMLOCK)";
   const int64_t before = LockedBytes();
   std::vector<uint8_t> a(2 * Page(), 1);
@@ -79,6 +94,7 @@ TEST(WeightLockTest, ARefusedRangeLeavesNothingLockedAndSaysWhy) {
 }
 
 TEST(WeightLockTest, ALockedModelComputesWhatAnUnlockedOneDoes) {
+  if (kSanitizerMlock) GTEST_SKIP() << "under a sanitizer mlock is a no-op";
   if (!CanLockAPage()) GTEST_SKIP() << "this process may not mlock (RLIMIT_MEMLOCK)";
   const format::GgufFile& file = test_util::OracleFile("tiny-moe-shakespeare-q4_0.gguf");
   ModelLoadOptions options;
