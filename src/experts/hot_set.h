@@ -1,7 +1,8 @@
-// The hot set: the experts a model used most, saved next to the model file so the
-// next start can load them before the first token needs them.
+// The hot set: the experts a model used most, saved in the cache directory
+// (core/cache_dir.h: CACHE_DIR/hot/MODEL.gguf.moert-hot) so the next start can load
+// them before the first token needs them.
 //
-// File (MODEL.gguf.moert-hot, text, one record per line, '\n' line ends):
+// File (text, one record per line, '\n' line ends):
 //   moert-hot 1
 //   model <file size in bytes> <layers> <experts per layer>
 //   <layer> <expert> <uses>        one line per expert, most used first
@@ -35,7 +36,7 @@ struct HotSetModel {
   int n_expert = 0;
 };
 
-// "<model_path>.moert-hot".
+// "<model_path>.moert-hot" (given a model file's name: the hot set's file name).
 std::string HotSetPath(const std::string& model_path);
 
 // Writes `experts` (in the given order) to `path`. Internal naming the path when it

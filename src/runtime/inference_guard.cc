@@ -5,6 +5,7 @@
 
 #include "core/strings.h"
 #include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::runtime {
 
@@ -35,6 +36,7 @@ absl::Status InferenceGuard::Run(int64_t step, const std::function<absl::Status(
     telemetry::Log(telemetry::LogLevel::kWarning,
                    StrCat("InferenceGuard: step ", step, " failed, retrying degraded: ", degrade));
     policy_->NoteDegrade(step, kind_name);
+    if (metrics_ != nullptr) telemetry::CountDegradeEvent(*metrics_, kind_name);
     degrades->push_back(degrade);
     status = attempt();
     if (status.ok()) return status;

@@ -17,15 +17,18 @@
 #include "absl/status/status.h"
 #include "pipeline/degrade_policy.h"
 #include "runtime/degrade_actions.h"
+#include "telemetry/metrics.h"
 
 namespace moert::runtime {
 
 class InferenceGuard {
  public:
   // All must outlive the guard. `model_mutex` is taken around each action (the attempt
-  // takes it itself).
-  InferenceGuard(pipeline::DegradePolicy* policy, ModelActuator* actuator, std::mutex* model_mutex)
-      : policy_(policy), actuator_(actuator), model_mutex_(model_mutex) {}
+  // takes it itself). Each retry is counted in `metrics` (may be null) as a degrade
+  // event of its failure kind.
+  InferenceGuard(pipeline::DegradePolicy* policy, ModelActuator* actuator, std::mutex* model_mutex,
+                 telemetry::Registry* metrics = nullptr)
+      : policy_(policy), actuator_(actuator), model_mutex_(model_mutex), metrics_(metrics) {}
 
   // Runs `attempt` at `step`, retrying degraded as the file comment says. Each degrade
   // applied counts toward the policy's latch and is appended to *degrades as
@@ -37,6 +40,7 @@ class InferenceGuard {
   pipeline::DegradePolicy* policy_;
   ModelActuator* actuator_;
   std::mutex* model_mutex_;
+  telemetry::Registry* metrics_;
 };
 
 }  // namespace moert::runtime

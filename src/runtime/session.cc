@@ -384,14 +384,7 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
     return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
   };
   ++step_;
-  const size_t degrades_before = degrades_.size();
-  const absl::Status status = guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt();
-  // The guard's retries are degrade events too, by their failure kind ("io_error: ...").
-  for (size_t i = degrades_before; i < degrades_.size(); ++i) {
-    telemetry::CountDegradeEvent(*model_->metrics,
-                                 std::string_view(degrades_[i]).substr(0, degrades_[i].find(':')));
-  }
-  MOERT_RETURN_IF_ERROR(status);
+  MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
   DegradeStep(static_cast<int64_t>(tokens.size()));
   return absl::OkStatus();
 }
@@ -438,7 +431,8 @@ Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
       metrics_(*model_->metrics) {
   if (model_->inference_guard) {
     guard_ =
-        std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex);
+        std::make_unique<runtime::InferenceGuard>(&policy_, &actuator_, &model_->forward_mutex,
+                                                  model_->metrics.get());
   }
   std::lock_guard<std::mutex> lock(model_->sessions_mutex);
   model_->sessions.push_back(this);
