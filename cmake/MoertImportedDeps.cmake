@@ -1,4 +1,5 @@
-# Imported targets moert::xnnpack, moert::pthreadpool and moert::cpuinfo found with
+# Imported targets moert::xnnpack, moert::pthreadpool, moert::cpuinfo, moert::zstd and
+# moert::sodium found with
 # find_path/find_library. Installed with moert so that moertConfig.cmake can recreate
 # them for apps linking the static library.
 include_guard(GLOBAL)
@@ -23,3 +24,6 @@ endfunction()
 moert_import_library(moert::cpuinfo cpuinfo.h cpuinfo)
 moert_import_library(moert::pthreadpool pthreadpool.h pthreadpool)
 moert_import_library(moert::xnnpack xnnpack.h XNNPACK)
+# zstd: repro bundles and expert delta packages; libsodium: their Ed25519 signatures.
+moert_import_library(moert::zstd zstd.h zstd)
+moert_import_library(moert::sodium sodium.h sodium)

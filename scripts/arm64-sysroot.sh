@@ -15,6 +15,7 @@ packages=(
   libpthreadpool-dev:arm64 libpthreadpool0:arm64
   libcpuinfo-dev:arm64 libcpuinfo0:arm64
   ocl-icd-opencl-dev:arm64 ocl-icd-libopencl1:arm64 opencl-c-headers
+  libzstd-dev:arm64 libzstd1:arm64 libsodium-dev:arm64 libsodium23:arm64
 )
 stamp="$dest/.packages"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "${packages[*]}" ]]; then

@@ -16,6 +16,7 @@ packages=(
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev libstb-dev
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
   prometheus  # promtool: tests/tools checks the --metrics text
+  libzstd-dev libsodium-dev  # repro bundles and delta packages (zstd), their signatures
 )
 want_arm64=0
 for arg in "$@"; do
