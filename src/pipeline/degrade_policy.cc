@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/status.h"
 #include "core/strings.h"
 #include "telemetry/platform.h"
 
@@ -29,6 +30,11 @@ constexpr ActionName kActionNames[] = {
     {DegradeAction::kCpuBackend, "cpu_backend"},
     {DegradeAction::kDenseFallback, "dense_fallback"},
 };
+
+// Actions a recover can take back (DegradeActuator::Undo).
+bool CanUndo(DegradeAction action) {
+  return action != DegradeAction::kDefragment && action != DegradeAction::kCpuBackend;
+}
 
 const char* ComparisonName(Comparison c) {
   switch (c) {
@@ -73,12 +79,43 @@ bool IsMetricName(const std::string& s) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
 }
 
+// w[i] is "cooldown" or "recover": its count and unit, into *steps or *ns.
+absl::Status ParseDuration(const std::vector<std::string>& w, size_t i, int64_t* steps,
+                           uint64_t* ns) {
+  const std::string& what = w[i];
+  if (i + 2 >= w.size()) {
+    return absl::InvalidArgumentError(
+        StrCat(what, " needs a count and a unit (steps, s or ms)"));
+  }
+  const std::optional<double> n = ParseNumber(w[i + 1]);
+  if (!n || *n < 0 || *n > 1e12) {
+    return absl::InvalidArgumentError(
+        StrCat("the ", what, " \"", w[i + 1], "\" is not a number in [0, 1e12]"));
+  }
+  const std::string& unit = w[i + 2];
+  if (unit == "steps" || unit == "step") {
+    if (*n != std::floor(*n)) {
+      return absl::InvalidArgumentError(StrCat("a ", what, " in steps must be whole, got ", *n));
+    }
+    *steps = static_cast<int64_t>(*n);
+  } else if (unit == "s") {
+    *ns = static_cast<uint64_t>(*n * 1e9);
+  } else if (unit == "ms") {
+    *ns = static_cast<uint64_t>(*n * 1e6);
+  } else {
+    return absl::InvalidArgumentError(
+        StrCat("unknown ", what, " unit \"", unit, "\" (expected steps, s or ms)"));
+  }
+  return absl::OkStatus();
+}
+
 // One rule line's words (comment already stripped) -> a rule; errors say what, the
 // caller adds where.
 absl::StatusOr<DegradeRule> ParseRuleWords(const std::vector<std::string>& w) {
   if (w.size() < 5) {
     return absl::InvalidArgumentError(
-        "expected METRIC OP BOUND -> ACTION [cooldown N steps|s|ms] [reason NAME]");
+        "expected METRIC OP BOUND -> ACTION [cooldown N steps|s|ms] [recover N steps|s|ms] "
+        "[reason NAME]");
   }
   DegradeRule rule;
   if (!IsMetricName(w[0])) {
@@ -112,29 +149,10 @@ absl::StatusOr<DegradeRule> ParseRuleWords(const std::vector<std::string>& w) {
   if (!action.ok()) return action.status();
   rule.action = *action;
   for (size_t i = 5; i < w.size();) {
-    if (w[i] == "cooldown") {
-      if (i + 2 >= w.size()) {
-        return absl::InvalidArgumentError("cooldown needs a count and a unit (steps, s or ms)");
-      }
-      const std::optional<double> n = ParseNumber(w[i + 1]);
-      if (!n || *n < 0 || *n > 1e12) {
-        return absl::InvalidArgumentError(
-            StrCat("the cooldown \"", w[i + 1], "\" is not a number in [0, 1e12]"));
-      }
-      const std::string& unit = w[i + 2];
-      if (unit == "steps" || unit == "step") {
-        if (*n != std::floor(*n)) {
-          return absl::InvalidArgumentError(StrCat("a cooldown in steps must be whole, got ", *n));
-        }
-        rule.cooldown_steps = static_cast<int64_t>(*n);
-      } else if (unit == "s") {
-        rule.cooldown_ns = static_cast<uint64_t>(*n * 1e9);
-      } else if (unit == "ms") {
-        rule.cooldown_ns = static_cast<uint64_t>(*n * 1e6);
-      } else {
-        return absl::InvalidArgumentError(
-            StrCat("unknown cooldown unit \"", unit, "\" (expected steps, s or ms)"));
-      }
+    if (w[i] == "cooldown" || w[i] == "recover") {
+      const bool cooldown = w[i] == "cooldown";
+      MOERT_RETURN_IF_ERROR(ParseDuration(w, i, cooldown ? &rule.cooldown_steps : &rule.recover_steps,
+                                          cooldown ? &rule.cooldown_ns : &rule.recover_ns));
       i += 3;
     } else if (w[i] == "reason") {
       if (i + 1 >= w.size()) return absl::InvalidArgumentError("reason needs a name");
@@ -142,8 +160,12 @@ absl::StatusOr<DegradeRule> ParseRuleWords(const std::vector<std::string>& w) {
       i += 2;
     } else {
       return absl::InvalidArgumentError(
-          StrCat("unexpected \"", w[i], "\" after the action (expected cooldown or reason)"));
+          StrCat("unexpected \"", w[i], "\" after the action (expected cooldown, recover or reason)"));
     }
+  }
+  if (rule.recovers() && !CanUndo(rule.action)) {
+    return absl::InvalidArgumentError(
+        StrCat(DegradeActionName(rule.action), " cannot be undone: a recover on it has no effect"));
   }
   return rule;
 }
@@ -152,10 +174,11 @@ constexpr char kDefaultRules[] =
     "# The default degrade rules (docs/degrade.md).\n"
     "moert_pool_fragmentation_ratio > 0.4 -> defragment cooldown 32 steps reason fragmentation\n"
     "moert_cpu_temperature_celsius > moert_cpu_temperature_limit_celsius -> reduce_top_k "
-    "cooldown 30 s reason thermal\n"
+    "cooldown 30 s recover 30 s reason thermal\n"
     "moert_router_latency_seconds{quantile=\"0.99\"} > 0.002 -> dense_fallback cooldown 64 steps "
-    "reason router_latency\n"
-    "moert_stall_seconds_per_token > 0.05 -> dense_fallback cooldown 64 steps reason stall\n";
+    "recover 512 steps reason router_latency\n"
+    "moert_stall_seconds_per_token > 0.05 -> dense_fallback cooldown 64 steps recover 512 steps "
+    "reason stall\n";
 
 }  // namespace
 
@@ -277,17 +300,62 @@ absl::Status ValidateDegradePolicyOptions(const DegradePolicyOptions& options) {
   for (size_t i = 0; i < options.rules.size(); ++i) {
     const DegradeRule& r = options.rules[i];
     if (!IsMetricName(r.metric) || (!r.bound_metric.empty() && !IsMetricName(r.bound_metric)) ||
-        !std::isfinite(r.bound) || r.cooldown_steps < 0) {
+        !std::isfinite(r.bound) || r.cooldown_steps < 0 || r.recover_steps < 0) {
       return absl::InvalidArgumentError(
           StrCat("degrade rule ", i, " (", r.metric, " -> ", DegradeActionName(r.action),
-                 ") needs metric names, a finite bound and a cooldown >= 0"));
+                 ") needs metric names, a finite bound, a cooldown and a recover >= 0"));
+    }
+    if (r.recovers() && !CanUndo(r.action)) {
+      return absl::InvalidArgumentError(StrCat("degrade rule ", i, ": ", DegradeActionName(r.action),
+                                               " cannot be undone, so it takes no recover"));
     }
   }
   return absl::OkStatus();
 }
 
+absl::Status DegradeActuator::Undo(DegradeAction action) {
+  return absl::FailedPreconditionError(
+      StrCat(DegradeActionName(action), ": this actuator undoes nothing"));
+}
+
 DegradePolicy::DegradePolicy(DegradePolicyOptions options)
-    : options_(std::move(options)), last_(options_.rules.size()) {}
+    : options_(std::move(options)),
+      last_(options_.rules.size()),
+      recovery_(options_.rules.size()) {}
+
+std::optional<DegradeEvent> DegradePolicy::Recover(size_t rule, int64_t step, uint64_t now_ns,
+                                                   DegradeActuator& actuator) {
+  RuleRecovery& r = recovery_[rule];
+  if (!r.clear) {
+    r.clear = true;
+    r.step = step;
+    r.ns = now_ns;
+    return std::nullopt;
+  }
+  const DegradeRule& d = options_.rules[rule];
+  if (r.applied == 0 || r.gave_up || !d.recovers()) return std::nullopt;
+  if (step - r.step < d.recover_steps || now_ns - r.ns < d.recover_ns) return std::nullopt;
+  DegradeEvent event;
+  event.step = step;
+  event.reason = RuleReason(d);
+  event.action = d.action;
+  event.undo = true;
+  event.status = actuator.Undo(d.action);
+  if (event.status.ok()) {
+    --r.applied;
+    ++counters_.undone;
+  } else {
+    r.gave_up = true;
+  }
+  r.step = step;  // the next undo waits as long again
+  r.ns = now_ns;
+  telemetry::Log(event.status.ok() ? telemetry::LogLevel::kInfo : telemetry::LogLevel::kWarning,
+                 StrCat("degrade policy: step ", step, ": ", d.metric, " clear for its recover -> undo ",
+                        DegradeActionName(d.action), " (", event.reason, "): ",
+                        event.status.ok() ? std::string("undone")
+                                          : std::string(event.status.message())));
+  return event;
+}
 
 bool DegradePolicy::CoolingDown(size_t rule, int64_t step, uint64_t now_ns) const {
   const LastFiring& last = last_[rule];
@@ -326,10 +394,21 @@ std::vector<DegradeEvent> DegradePolicy::Step(int64_t step, const MetricSource& 
   for (size_t i = 0; i < options_.rules.size() && !latched_; ++i) {
     const DegradeRule& rule = options_.rules[i];
     const std::optional<double> value = metrics.Value(rule.metric);
-    if (!value) continue;
     std::optional<double> bound = rule.bound;
     if (!rule.bound_metric.empty()) bound = metrics.Value(rule.bound_metric);
-    if (!bound || !Holds(rule.comparison, *value, *bound)) continue;
+    if (!value || !bound) {
+      recovery_[i].clear = false;  // clear means known and false
+      continue;
+    }
+    if (!Holds(rule.comparison, *value, *bound)) {
+      if (std::optional<DegradeEvent> undo = Recover(i, step, now_ns, actuator)) {
+        events_.push_back(*undo);
+        if (events_.size() > kKeptEvents) events_.erase(events_.begin());
+        fired.push_back(*std::move(undo));
+      }
+      continue;
+    }
+    recovery_[i].clear = false;
     if (CoolingDown(i, step, now_ns)) continue;
     last_[i] = {true, step, now_ns};
     DegradeEvent event;
@@ -349,7 +428,10 @@ std::vector<DegradeEvent> DegradePolicy::Step(int64_t step, const MetricSource& 
     // Only an applied action is a degrade the latch counts.
     ++counters_.fired;
     ++counters_.fired_by_reason[event.reason];
-    if (event.status.ok()) CountTowardLatch(step);
+    if (event.status.ok()) {
+      CountTowardLatch(step);
+      ++recovery_[i].applied;
+    }
     events_.push_back(event);
     if (events_.size() > kKeptEvents) events_.erase(events_.begin());
     fired.push_back(std::move(event));

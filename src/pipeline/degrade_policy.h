@@ -76,12 +76,19 @@ struct DegradeRule {
   // both are set; 0: no cooldown of that kind).
   int64_t cooldown_steps = 0;
   uint64_t cooldown_ns = 0;
+  // Undoing: once the condition has been known and false for this many steps and this
+  // long (both when both are set), one of the rule's applied firings is undone, then
+  // the next after as long again, until none is left. Both 0: never undone.
+  int64_t recover_steps = 0;
+  uint64_t recover_ns = 0;
   // The name its firings are counted and reported under; empty: the action's name.
   std::string reason;
+
+  bool recovers() const { return recover_steps > 0 || recover_ns > 0; }
 };
 
 // Rules from text, one a line:
-//   METRIC OP BOUND -> ACTION [cooldown N steps|s|ms] [reason NAME]
+//   METRIC OP BOUND -> ACTION [cooldown N steps|s|ms] [recover N steps|s|ms] [reason NAME]
 // OP is >, >=, < or <=; BOUND a number or a metric name; # starts a comment. Errors are
 // InvalidArgument "<source>:<line>: <what is wrong>".
 absl::StatusOr<std::vector<DegradeRule>> ParseDegradeRules(std::string_view text,
@@ -99,6 +106,10 @@ class DegradeActuator {
  public:
   virtual ~DegradeActuator() = default;
   virtual absl::Status Apply(DegradeAction action) = 0;
+  // Undoes one earlier Apply of `action` (a rule's recover). FailedPrecondition naming
+  // why when it cannot (defragment has nothing to undo; the OpenCL device, once given
+  // up, stays given up); the rule then stops trying.
+  virtual absl::Status Undo(DegradeAction action);
 };
 
 // The failures InferenceGuard retries degraded (runtime/inference_guard.h).
@@ -136,11 +147,12 @@ struct DegradePolicyOptions {
 // InvalidArgument naming the field (or the rule) at fault.
 absl::Status ValidateDegradePolicyOptions(const DegradePolicyOptions& options);
 
-// One firing.
+// One firing, or one undo.
 struct DegradeEvent {
   int64_t step = 0;
   std::string reason;
   DegradeAction action = DegradeAction::kDefragment;
+  bool undo = false;    // a recover undid one earlier firing of the rule
   double value = 0;     // the metric's value
   double bound = 0;     // what it was compared with
   absl::Status status;  // the action's outcome
@@ -150,6 +162,7 @@ struct DegradeCounters {
   uint64_t steps = 0;   // evaluations
   uint64_t fired = 0;   // firings, failed ones included
   uint64_t failed = 0;  // firings whose action returned an error
+  uint64_t undone = 0;  // firings a recover undid
   std::map<std::string, uint64_t> fired_by_reason;
 };
 
@@ -159,8 +172,9 @@ class DegradePolicy {
   explicit DegradePolicy(DegradePolicyOptions options);
 
   // Evaluates every rule once against `metrics` at `step` (increasing; a decode step's
-  // index), applying each firing rule's action through `actuator` in rule order.
-  // Returns this step's firings. Once latched, does nothing.
+  // index), applying each firing rule's action through `actuator` in rule order, and
+  // undoing one firing of each recovering rule whose condition has stayed clear long
+  // enough. Returns this step's firings and undos. Once latched, does nothing.
   std::vector<DegradeEvent> Step(int64_t step, const MetricSource& metrics,
                                  DegradeActuator& actuator);
   // Counts a degrade made outside the rules (InferenceGuard's retries) toward the latch.
@@ -177,6 +191,10 @@ class DegradePolicy {
  private:
   bool CoolingDown(size_t rule, int64_t step, uint64_t now_ns) const;
   void CountTowardLatch(int64_t step);
+  // The rule's condition is known and false at (step, now): undoes one of its applied
+  // firings when it has been so for its recover time; the undo's event, if one.
+  std::optional<DegradeEvent> Recover(size_t rule, int64_t step, uint64_t now_ns,
+                                      DegradeActuator& actuator);
 
   DegradePolicyOptions options_;
   struct LastFiring {
@@ -185,6 +203,14 @@ class DegradePolicy {
     uint64_t ns = 0;
   };
   std::vector<LastFiring> last_;  // per rule
+  struct RuleRecovery {
+    int applied = 0;  // firings whose action applied and no undo has taken back yet
+    bool clear = false;  // the condition is known and false since (step, ns)
+    int64_t step = 0;
+    uint64_t ns = 0;
+    bool gave_up = false;  // an undo failed: the rule's firings stay
+  };
+  std::vector<RuleRecovery> recovery_;  // per rule
   std::vector<int64_t> recent_;   // steps of the firings inside the latch window
   bool latched_ = false;
   std::string latch_reason_;

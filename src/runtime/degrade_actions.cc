@@ -9,6 +9,7 @@
 #include "memory/budget.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
+#include "telemetry/runtime_metrics.h"
 
 namespace moert::runtime {
 
@@ -33,8 +34,29 @@ const pipeline::MetricSource& ModelMetrics::Read(int64_t tokens) {
       snapshot_.Set(pipeline::kCpuTemperatureLimitMetric, monitor->options().thermal_limit_c);
     }
   }
-  // moert_router_latency_seconds is not measured yet (the metrics registry's histogram).
+  ReadRouterLatency(tokens);
   return snapshot_;
+}
+
+void ModelMetrics::ReadRouterLatency(int64_t tokens) {
+  if (registry_ == nullptr) return;
+  std::vector<uint64_t> now = telemetry::RouterLatencyCounts(*registry_);
+  if (latency_counts_.size() == now.size() && tokens == 1) {
+    std::vector<uint64_t> step(now.size());
+    for (size_t i = 0; i < now.size(); ++i) step[i] = now[i] - latency_counts_[i];
+    latency_window_.resize(now.size(), 0);
+    for (size_t i = 0; i < now.size(); ++i) latency_window_[i] += step[i];
+    latency_steps_.push_back(std::move(step));
+    if (latency_steps_.size() > kLatencyWindowSteps) {
+      for (size_t i = 0; i < now.size(); ++i) latency_window_[i] -= latency_steps_.front()[i];
+      latency_steps_.pop_front();
+    }
+  }
+  latency_counts_ = std::move(now);
+  if (const std::optional<double> p99 =
+          telemetry::HistogramQuantile(telemetry::RouterLatencyBounds(), latency_window_, 0.99)) {
+    snapshot_.Set(pipeline::kRouterLatencyP99Metric, *p99);
+  }
 }
 
 bool ModelActuator::on_device() const { return model_->backend_stats().backend != "CPU"; }
@@ -77,13 +99,61 @@ absl::Status ModelActuator::Apply(pipeline::DegradeAction action) {
   MOERT_RETURN_IF_ERROR(ApplyOnce(action));
   const bool lasting = action != pipeline::DegradeAction::kDefragment &&
                        action != pipeline::DegradeAction::kShorterContext;
-  if (lasting && in_force_ != nullptr) {
-    const std::string name = pipeline::DegradeActionName(action);
-    if (std::find(in_force_->begin(), in_force_->end(), name) == in_force_->end()) {
-      in_force_->push_back(name);
-    }
-  }
+  if (lasting && in_force_ != nullptr) in_force_->push_back(pipeline::DegradeActionName(action));
   return absl::OkStatus();
+}
+
+size_t ModelActuator::Release(pipeline::DegradeAction action) {
+  if (in_force_ == nullptr) return 0;
+  const std::string name = pipeline::DegradeActionName(action);
+  if (auto it = std::find(in_force_->begin(), in_force_->end(), name); it != in_force_->end()) {
+    in_force_->erase(it);
+  }
+  return static_cast<size_t>(std::count(in_force_->begin(), in_force_->end(), name));
+}
+
+absl::Status ModelActuator::Undo(pipeline::DegradeAction action) {
+  switch (action) {
+    case pipeline::DegradeAction::kReduceTopK: {
+      router::Router* router = model_->router();
+      if (router == nullptr || router->options().k_reduction == 0) {
+        return absl::FailedPreconditionError("reduce_top_k: no reduction of k to undo");
+      }
+      router::RouterOptions options = router->options();
+      --options.k_reduction;
+      router->set_options(options);
+      Release(action);
+      return absl::OkStatus();
+    }
+    case pipeline::DegradeAction::kShrinkPool: {
+      memory::MemoryBudget* budget = model_->budget();
+      if (budget == nullptr || budget->stats().trim_fraction >= 1) {
+        return absl::FailedPreconditionError("shrink_pool: the expert pool is not shrunk");
+      }
+      budget->Trim(std::min(1.0, budget->stats().trim_fraction * 2));
+      model_->ApplyMemoryLimits(/*drop_unused=*/false);
+      Release(action);
+      return absl::OkStatus();
+    }
+    case pipeline::DegradeAction::kShorterContext:
+      if (!shorten_context_) {
+        return absl::FailedPreconditionError("shorter_context: no session to lengthen");
+      }
+      return shorten_context_(/*longer=*/true);
+    case pipeline::DegradeAction::kDenseFallback:
+      if (!model_->has_dense_fallback()) {
+        return absl::FailedPreconditionError("dense_fallback: the model has none to leave");
+      }
+      // Another rule's (or session's) application still holds it: only the count drops.
+      if (Release(action) > 0) return absl::OkStatus();
+      return model_->SetDenseFallback(false);
+    case pipeline::DegradeAction::kDefragment:
+      return absl::FailedPreconditionError("defragment: a compaction has nothing to undo");
+    case pipeline::DegradeAction::kCpuBackend:
+      return absl::FailedPreconditionError(
+          "cpu_backend: the OpenCL device, once given up, stays given up for the model's life");
+  }
+  return absl::InvalidArgumentError("unknown degrade action");
 }
 
 absl::Status ModelActuator::ApplyOnce(pipeline::DegradeAction action) {
@@ -98,7 +168,7 @@ absl::Status ModelActuator::ApplyOnce(pipeline::DegradeAction action) {
       if (!shorten_context_) {
         return absl::FailedPreconditionError("shorter_context: no session to shorten");
       }
-      return shorten_context_();
+      return shorten_context_(/*longer=*/false);
     case pipeline::DegradeAction::kCpuBackend:
       return model_->UseCpuBackend("the degrade policy chose the CPU");
     case pipeline::DegradeAction::kDenseFallback:

@@ -172,8 +172,9 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
                        std::span<const runtime::EmbeddingRow> rows = {});
   // The context the session keeps: the cache's capacity, or less after shorter_context.
   int Capacity() const;
-  // The degrade policy's shorter_context: halves Capacity() (not below kMinContext).
-  absl::Status ShortenContext();
+  // The degrade policy's shorter_context: halves Capacity() (not below kMinContext);
+  // longer (its undo): doubles it again, up to the cache's capacity.
+  absl::Status ShortenContext(bool longer);
   // After a step of `tokens` tokens: the degrade policy's rules, once.
   void DegradeStep(int64_t tokens);
   absl::Status RunGeneration(const GenerateRequest& request, const TokenCallback& on_token,

@@ -394,7 +394,15 @@ int Session::Impl::Capacity() const {
   return context_limit_ > 0 ? std::min(capacity, context_limit_) : capacity;
 }
 
-absl::Status Session::Impl::ShortenContext() {
+absl::Status Session::Impl::ShortenContext(bool longer) {
+  if (longer) {
+    if (context_limit_ == 0) {
+      return absl::FailedPreconditionError("shorter_context: the session keeps its whole context");
+    }
+    context_limit_ *= 2;
+    if (context_limit_ >= cache_->capacity()) context_limit_ = 0;
+    return absl::OkStatus();
+  }
   const int now = Capacity();
   if (now <= kMinContext) {
     return absl::FailedPreconditionError(
@@ -413,6 +421,12 @@ void Session::Impl::DegradeStep(int64_t tokens) {
   }
   for (const pipeline::DegradeEvent& e : events) {
     if (!e.status.ok()) continue;
+    if (e.undo) {
+      telemetry::CountDegradeRecovery(*model_->metrics, e.reason);
+      degrades_.push_back(StrCat(e.reason, ": undid ", pipeline::DegradeActionName(e.action),
+                                 " (clear again at step ", e.step, ")"));
+      continue;
+    }
     telemetry::CountDegradeEvent(*model_->metrics, e.reason);
     degrades_.push_back(StrCat(e.reason, ": ", pipeline::DegradeActionName(e.action), " (", e.value,
                                " against ", e.bound, ")"));
@@ -426,8 +440,8 @@ Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
       stateless_(stateless),
       policy_(model_->degrade),
       actuator_(
-          model_->model.get(), [this] { return ShortenContext(); }, &model_->degrades_in_force),
-      degrade_metrics_(model_->model.get()),
+          model_->model.get(), [this](bool longer) { return ShortenContext(longer); }, &model_->degrades_in_force),
+      degrade_metrics_(model_->model.get(), model_->metrics.get()),
       metrics_(*model_->metrics) {
   if (model_->inference_guard) {
     guard_ =
@@ -710,7 +724,13 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   std::vector<std::string> in_force;
   {
     std::lock_guard<std::mutex> lock(model_->forward_mutex);
-    in_force = model_->degrades_in_force;
+    // Once per action, "xN" when applied more than once and not undone.
+    for (const std::string& name : model_->degrades_in_force) {
+      if (std::find(in_force.begin(), in_force.end(), name) != in_force.end()) continue;
+      const auto n = std::count(model_->degrades_in_force.begin(),
+                                model_->degrades_in_force.end(), name);
+      in_force.push_back(n > 1 ? StrCat(name, " x", n) : name);
+    }
   }
   if (context_limit_ > 0) {
     in_force.push_back(StrCat("shorter_context (", context_limit_, " positions)"));

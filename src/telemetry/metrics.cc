@@ -111,6 +111,26 @@ uint64_t Histogram::Snapshot::count() const {
   return n;
 }
 
+std::optional<double> HistogramQuantile(const std::vector<double>& bounds,
+                                        const std::vector<uint64_t>& counts, double q) {
+  uint64_t total = 0;
+  for (uint64_t n : counts) total += n;
+  if (total == 0 || bounds.empty()) return std::nullopt;
+  const double rank = q * static_cast<double>(total);
+  uint64_t below = 0;  // observations in the buckets before i
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (static_cast<double>(below + counts[i]) < rank) {
+      below += counts[i];
+      continue;
+    }
+    if (i >= bounds.size()) break;  // +Inf's bucket
+    const double lower = i == 0 ? 0.0 : bounds[i - 1];
+    const double within = (rank - static_cast<double>(below)) / static_cast<double>(counts[i]);
+    return lower + (bounds[i] - lower) * within;
+  }
+  return bounds.back();
+}
+
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> bounds;
   double b = start;
@@ -196,6 +216,15 @@ T& Family<T>::WithLabels(std::vector<std::string> values) {
     it = children_.emplace(std::move(values), std::move(child)).first;
   }
   return *it->second;
+}
+
+template <typename T>
+std::vector<const T*> Family<T>::children() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<const T*> out;
+  out.reserve(children_.size());
+  for (const auto& [values, child] : children_) out.push_back(child.get());
+  return out;
 }
 
 template <typename T>

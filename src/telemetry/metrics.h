@@ -71,6 +71,13 @@ class Histogram {
 // `count` bounds from `start`, each `factor` times the one before.
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
 
+// The q-quantile (0 < q < 1) of the observations counted in `counts` (per bucket, the
+// last +Inf's) over `bounds`, as Prometheus's histogram_quantile estimates it: linear
+// within the bucket that holds it, from 0 for the first bucket; the largest finite
+// bound when it falls in +Inf's. nullopt when nothing was counted.
+std::optional<double> HistogramQuantile(const std::vector<double>& bounds,
+                                        const std::vector<uint64_t>& counts, double q);
+
 // What families share: the name, help, type and label names.
 class FamilyBase {
  public:
@@ -123,6 +130,8 @@ class Family final : public FamilyBase {
   T& WithLabels(std::vector<std::string> values);
   // The child of a family without labels.
   T& Get() { return WithLabels(std::vector<std::string>{}); }
+  // Every child made so far, in label-value order (each valid as long as the registry).
+  std::vector<const T*> children() const;
   std::optional<double> Read(const std::vector<std::string>& label_values) const override;
 
  private:

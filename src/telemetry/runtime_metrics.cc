@@ -37,10 +37,9 @@ GaugeFamily& PoolFragmentation(Registry& r) {
                     "1 - largest free block / free bytes, of the expert tier.", {"tier"});
 }
 HistogramFamily& RouterLatencyFamily(Registry& r) {
-  // 1 us .. 16 ms: a decode step's routing takes microseconds, a prefill batch's more.
   return r.AddHistogram("moert_router_latency_seconds",
                         "Time to route one batch of tokens of a MoE layer.", {"layer"},
-                        ExponentialBuckets(1e-6, 4, 8));
+                        RouterLatencyBounds());
 }
 // A counter without labels, by name and help.
 struct CounterSpec {
@@ -76,6 +75,10 @@ CounterFamily& BackendFailureFamily(Registry& r) {
 CounterFamily& DegradeEvents(Registry& r) {
   return r.AddCounter("moert_degrade_events_total",
                       "Degradations made under resource exhaustion, by reason.", {"reason"});
+}
+CounterFamily& DegradeRecoveries(Registry& r) {
+  return r.AddCounter("moert_degrade_recoveries_total",
+                      "Degradations undone once their condition cleared, by reason.", {"reason"});
 }
 Counter& PrefillTokens(Registry& r) {
   return r.AddCounter("moert_prefill_tokens_total", "Tokens evaluated as prompt batches.").Get();
@@ -126,6 +129,7 @@ void RegisterRuntimeMetrics(Registry& registry) {
   (void)PrefetchMetrics(registry);
   (void)BackendFailureFamily(registry);
   (void)DegradeEvents(registry);
+  (void)DegradeRecoveries(registry);
   (void)GenerationMetrics(registry);
 }
 
@@ -145,6 +149,21 @@ PoolMetrics::PoolMetrics(Registry& registry)
 
 Histogram& RouterLatency(Registry& registry, int layer) {
   return RouterLatencyFamily(registry).WithLabels({std::to_string(layer)});
+}
+
+const std::vector<double>& RouterLatencyBounds() {
+  // 1 us .. 16 ms: a decode step's routing takes microseconds, a prefill batch's more.
+  static const std::vector<double> bounds = ExponentialBuckets(1e-6, 4, 8);
+  return bounds;
+}
+
+std::vector<uint64_t> RouterLatencyCounts(Registry& registry) {
+  std::vector<uint64_t> counts(RouterLatencyBounds().size() + 1, 0);
+  for (const Histogram* layer : RouterLatencyFamily(registry).children()) {
+    const Histogram::Snapshot s = layer->snapshot();
+    for (size_t i = 0; i < counts.size() && i < s.counts.size(); ++i) counts[i] += s.counts[i];
+  }
+  return counts;
 }
 
 RouterMetrics::RouterMetrics(Registry& registry)
@@ -184,6 +203,10 @@ Counter& BackendFailures(Registry& registry, std::string_view backend) {
 
 void CountDegradeEvent(Registry& registry, std::string_view reason) {
   DegradeEvents(registry).WithLabels({reason}).Increment();
+}
+
+void CountDegradeRecovery(Registry& registry, std::string_view reason) {
+  DegradeRecoveries(registry).WithLabels({reason}).Increment();
 }
 
 GenerationMetrics::GenerationMetrics(Registry& registry)

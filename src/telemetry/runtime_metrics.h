@@ -46,6 +46,10 @@ struct PoolMetrics {
 
 // Routing one batch of a MoE layer, per layer.
 Histogram& RouterLatency(Registry& registry, int layer);
+// The bucket counts of every layer's router latency summed (per bucket, +Inf's last),
+// and the buckets' bounds.
+std::vector<uint64_t> RouterLatencyCounts(Registry& registry);
+const std::vector<double>& RouterLatencyBounds();
 
 // The hardware-aware router's choices (router/router.h: RouterStats).
 struct RouterMetrics {
@@ -70,6 +74,8 @@ Counter& BackendFailures(Registry& registry, std::string_view backend);
 // A degradation (smaller top-k, CPU fallback, smaller context ...), by reason: counted by
 // the degrade policy where it decides.
 void CountDegradeEvent(Registry& registry, std::string_view reason);
+// A degrade the policy undid (a rule's recover), by the rule's reason.
+void CountDegradeRecovery(Registry& registry, std::string_view reason);
 
 // Sessions' requests: what was evaluated, how long it took, the time to first token.
 struct GenerationMetrics {

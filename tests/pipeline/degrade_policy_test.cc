@@ -31,8 +31,17 @@ class RecordingActuator : public DegradeActuator {
     }
     return absl::OkStatus();
   }
+  absl::Status Undo(DegradeAction action) override {
+    undone.push_back(action);
+    for (DegradeAction r : refuse_undo) {
+      if (r == action) return absl::FailedPreconditionError("cannot undo");
+    }
+    return absl::OkStatus();
+  }
   std::vector<DegradeAction> applied;
   std::vector<DegradeAction> refuse;
+  std::vector<DegradeAction> undone;
+  std::vector<DegradeAction> refuse_undo;
 };
 
 class DegradePolicyTest : public ::testing::Test {
@@ -47,6 +56,19 @@ class DegradePolicyTest : public ::testing::Test {
       fired += static_cast<int>(policy.Step(s, metrics, actuator).size());
     }
     return fired;
+  }
+
+  // A policy of the one rule `text` over moert_x, without a latch: fired at step 0,
+  // moert_x clear (0) after.
+  DegradePolicy FiredThenClear(std::string_view text) {
+    DegradePolicyOptions options;
+    options.latch_degrades = 0;
+    options.rules = *ParseDegradeRules(text);
+    DegradePolicy policy(options);
+    metrics.Set("moert_x", 2);
+    EXPECT_EQ(Run(policy, 0, 1), 1);
+    metrics.Set("moert_x", 0);
+    return policy;
   }
 
   MetricSnapshot metrics;
@@ -169,13 +191,113 @@ TEST_F(DegradePolicyTest, GuardRetriesCountTowardTheLatch) {
   EXPECT_EQ(policy.counters().fired_by_reason.at("exhausted"), 6u);
 }
 
+// Undos are events too: the ones among `events`.
+int Undos(const std::vector<DegradeEvent>& events) {
+  int n = 0;
+  for (const DegradeEvent& e : events) n += e.undo ? 1 : 0;
+  return n;
+}
+
+TEST_F(DegradePolicyTest, ARecoveringRuleUndoesEachFiringOnceClearForItsRecoverTime) {
+  DegradePolicyOptions options = NoLatch();
+  options.rules = *ParseDegradeRules("moert_x > 1 -> reduce_top_k cooldown 2 steps recover 10 steps");
+  DegradePolicy policy(options);
+  metrics.Set("moert_x", 2);
+  EXPECT_EQ(Run(policy, 0, 3), 2);  // steps 0 and 2
+  metrics.Set("moert_x", 0);
+  // Clear from step 3: nothing is undone before step 13, then one firing, then the
+  // other 10 steps later, then nothing more.
+  EXPECT_EQ(Run(policy, 3, 13), 0);
+  std::vector<DegradeEvent> events = policy.Step(13, metrics, actuator);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].undo);
+  EXPECT_EQ(events[0].action, DegradeAction::kReduceTopK);
+  EXPECT_TRUE(events[0].status.ok());
+  EXPECT_EQ(Run(policy, 14, 23), 0);
+  EXPECT_EQ(Undos(policy.Step(23, metrics, actuator)), 1);
+  EXPECT_EQ(Run(policy, 24, 200), 0);
+  EXPECT_EQ(actuator.undone.size(), 2u);
+  EXPECT_EQ(policy.counters().undone, 2u);
+  EXPECT_EQ(policy.counters().fired, 2u);  // undos are not firings
+}
+
+TEST_F(DegradePolicyTest, TheConditionMustStayClearAndKnownForTheWholeRecoverTime) {
+  DegradePolicy policy =
+      FiredThenClear("moert_x > 1 -> dense_fallback cooldown 100 steps recover 10 steps");
+  EXPECT_EQ(Run(policy, 1, 9), 0);
+  metrics.Set("moert_x", 5);  // holds again (cooling down: no firing) and resets the count
+  EXPECT_EQ(Run(policy, 9, 10), 0);
+  metrics.Set("moert_x", 0);
+  EXPECT_EQ(Run(policy, 10, 19), 0);
+  metrics.Erase("moert_x");  // unknown: not clear either
+  EXPECT_EQ(Run(policy, 19, 40), 0);
+  metrics.Set("moert_x", 0);
+  EXPECT_EQ(Run(policy, 40, 50), 0);  // clear since 40
+  EXPECT_EQ(Undos(policy.Step(50, metrics, actuator)), 1);
+  EXPECT_EQ(actuator.undone, std::vector<DegradeAction>{DegradeAction::kDenseFallback});
+}
+
+TEST_F(DegradePolicyTest, RecoverInSecondsWaitsOnTheClock) {
+  DegradePolicy policy = FiredThenClear("moert_x > 1 -> reduce_top_k recover 30 s");
+  EXPECT_EQ(Run(policy, 1, 1000), 0);  // steps alone do not end it
+  g_now_ns += 30'000'000'000ull;
+  EXPECT_EQ(Undos(policy.Step(1000, metrics, actuator)), 1);
+}
+
+TEST_F(DegradePolicyTest, AFailedUndoIsReportedOnceAndNotRetried) {
+  actuator.refuse_undo = {DegradeAction::kShrinkPool};
+  DegradePolicy policy = FiredThenClear("moert_x > 1 -> shrink_pool recover 1 steps");
+  EXPECT_EQ(Run(policy, 1, 100), 1);  // the failed undo's event, once
+  EXPECT_EQ(actuator.undone.size(), 1u);
+  EXPECT_EQ(policy.counters().undone, 0u);
+  ASSERT_FALSE(policy.events().empty());
+  EXPECT_TRUE(policy.events().back().undo);
+  EXPECT_TRUE(absl::IsFailedPrecondition(policy.events().back().status));
+}
+
+TEST_F(DegradePolicyTest, AFailedFiringIsNotUndoneAndALatchedPolicyUndoesNothing) {
+  DegradePolicyOptions options;
+  options.rules = *ParseDegradeRules(
+      "moert_x > 1 -> reduce_top_k cooldown 1 steps recover 1 steps\n"
+      "moert_y > 1 -> dense_fallback recover 1 steps");
+  DegradePolicy policy(options);
+  actuator.refuse = {DegradeAction::kDenseFallback};
+  metrics.Set("moert_y", 2);
+  EXPECT_EQ(Run(policy, 0, 1), 1);  // refused: nothing applied
+  metrics.Set("moert_y", 0);
+  EXPECT_EQ(Run(policy, 1, 10), 0);
+  metrics.Set("moert_x", 2);
+  EXPECT_EQ(Run(policy, 10, 16), 6);  // the sixth applied firing latches
+  ASSERT_TRUE(policy.latched());
+  metrics.Set("moert_x", 0);
+  EXPECT_EQ(Run(policy, 16, 100), 0);
+  EXPECT_TRUE(actuator.undone.empty());
+}
+
+TEST_F(DegradePolicyTest, TheDefaultThermalAndDenseFallbackRulesRecover) {
+  const std::vector<DegradeRule> rules = DefaultDegradeRules();
+  EXPECT_FALSE(rules[0].recovers());  // defragment has nothing to undo
+  EXPECT_EQ(rules[1].recover_ns, 30'000'000'000u);
+  EXPECT_EQ(rules[2].recover_steps, 512);
+  EXPECT_EQ(rules[3].recover_steps, 512);
+  DegradePolicy policy(NoLatch());
+  metrics.Set(kCpuTemperatureLimitMetric, 70);
+  metrics.Set(kCpuTemperatureMetric, 80);
+  EXPECT_EQ(Run(policy, 0, 1), 1);
+  metrics.Set(kCpuTemperatureMetric, 60);
+  EXPECT_EQ(Run(policy, 1, 2), 0);  // clear from here
+  g_now_ns += 30'000'000'000ull;
+  EXPECT_EQ(Undos(policy.Step(2, metrics, actuator)), 1);
+  EXPECT_EQ(actuator.undone, std::vector<DegradeAction>{DegradeAction::kReduceTopK});
+}
+
 TEST(DegradeRulesParserTest, ReadsEveryPart) {
   absl::StatusOr<std::vector<DegradeRule>> rules = ParseDegradeRules(
       "# comment line\n"
       "\n"
       "  moert_a <= -2.5 -> cpu_backend   # trailing comment\n"
       "moert_b >= moert_c -> shorter_context cooldown 250 ms reason hot\n"
-      "moert_d < 1e-3 -> reduce_top_k cooldown 3 steps cooldown 1 s\n");
+      "moert_d < 1e-3 -> reduce_top_k cooldown 3 steps cooldown 1 s recover 7 steps\n");
   ASSERT_TRUE(rules.ok()) << rules.status();
   ASSERT_EQ(rules->size(), 3u);
   EXPECT_EQ((*rules)[0].comparison, Comparison::kLessEqual);
@@ -187,6 +309,8 @@ TEST(DegradeRulesParserTest, ReadsEveryPart) {
   EXPECT_EQ((*rules)[1].reason, "hot");
   EXPECT_EQ((*rules)[2].cooldown_steps, 3);
   EXPECT_EQ((*rules)[2].cooldown_ns, 1'000'000'000u);
+  EXPECT_EQ((*rules)[2].recover_steps, 7);
+  EXPECT_FALSE((*rules)[0].recovers());
 }
 
 TEST(DegradeRulesParserTest, ErrorsNameTheLineAndWhatIsWrong) {
@@ -207,6 +331,10 @@ TEST(DegradeRulesParserTest, ErrorsNameTheLineAndWhatIsWrong) {
       {"moert_a > 1 -> defragment cooldown 1.5 steps", "r:1: a cooldown in steps must be whole"},
       {"moert_a > 1 -> defragment reason", "r:1: reason needs a name"},
       {"moert_a > 1 -> defragment soon", "r:1: unexpected \"soon\""},
+      {"moert_a > 1 -> reduce_top_k recover 5", "r:1: recover needs a count and a unit"},
+      {"moert_a > 1 -> reduce_top_k recover 2 days", "r:1: unknown recover unit \"days\""},
+      {"moert_a > 1 -> defragment recover 5 steps", "r:1: defragment cannot be undone"},
+      {"moert_a > 1 -> cpu_backend recover 1 s", "r:1: cpu_backend cannot be undone"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::vector<DegradeRule>> rules = ParseDegradeRules(c.text, "r");

@@ -24,6 +24,7 @@
 #include "runtime/internal.h"
 #include "telemetry/metrics.h"
 #include "telemetry/platform.h"
+#include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moert {
@@ -99,11 +100,21 @@ class FaultModel final : public model::Model {
     on_device = false;
     return absl::OkStatus();
   }
+  bool has_dense_fallback() const override { return fake_dense_fallback; }
+  absl::Status SetDenseFallback(bool on) override {
+    if (!fake_dense_fallback) return model::Model::SetDenseFallback(on);
+    dense_fallback_on = on;
+    ++dense_fallback_switches;
+    return absl::OkStatus();
+  }
 
   std::deque<absl::Status> failures;  // for the next Forward calls, in order
   int forward_calls = 0;
   int defragments = 0;
   bool on_device = false;
+  bool fake_dense_fallback = false;  // pretend to have one: SetDenseFallback records
+  bool dense_fallback_on = false;
+  int dense_fallback_switches = 0;
 
  private:
   std::unique_ptr<model::Model> inner_;
@@ -360,6 +371,67 @@ TEST(DegradeActionsTest, WithoutWhatTheyNeedActionsSaySo) {
   }
 }
 
+TEST(DegradeActionsTest, UndoingReduceTopKGivesTheExpertBack) {
+  auto model = LoadModel(kF32);
+  const int k = static_cast<int>(model->spec().n_expert_used);
+  const test_util::GreedyRun want = test_util::RunGreedy(*model, 8, 2);
+  std::vector<std::string> in_force;
+  runtime::ModelActuator actuator(model.get(), {}, &in_force);
+  EXPECT_TRUE(absl::IsFailedPrecondition(actuator.Undo(DegradeAction::kReduceTopK)));
+  ASSERT_TRUE(actuator.Apply(DegradeAction::kReduceTopK).ok());
+  EXPECT_EQ(in_force, std::vector<std::string>{"reduce_top_k"});
+  ASSERT_TRUE(actuator.Undo(DegradeAction::kReduceTopK).ok());
+  EXPECT_TRUE(in_force.empty());
+  EXPECT_EQ(model->router()->options().k_reduction, 0);
+  model->router()->ResetStats();
+  // The model's k again, and its output.
+  EXPECT_EQ(test_util::RunGreedy(*model, 8, 2).tokens, want.tokens);
+  EXPECT_EQ(model->router()->stats().average_k(), k);
+}
+
+TEST(DegradeActionsTest, UndoingShrinkPoolDoublesTheLimitBack) {
+  model::ModelLoadOptions options;
+  options.expert_pool_fraction = 1;
+  auto model = LoadModel(kQ8, options);
+  std::vector<std::string> in_force;
+  runtime::ModelActuator actuator(model.get(), {}, &in_force);
+  EXPECT_TRUE(absl::IsFailedPrecondition(actuator.Undo(DegradeAction::kShrinkPool)));
+  ASSERT_TRUE(actuator.Apply(DegradeAction::kShrinkPool).ok());
+  ASSERT_TRUE(actuator.Apply(DegradeAction::kShrinkPool).ok());
+  EXPECT_EQ(model->budget()->stats().trim_fraction, 0.25);
+  ASSERT_TRUE(actuator.Undo(DegradeAction::kShrinkPool).ok());
+  EXPECT_EQ(model->budget()->stats().trim_fraction, 0.5);
+  EXPECT_EQ(in_force, std::vector<std::string>{"shrink_pool"});
+  ASSERT_TRUE(actuator.Undo(DegradeAction::kShrinkPool).ok());
+  EXPECT_EQ(model->budget()->stats().trim_fraction, 1);
+  EXPECT_TRUE(in_force.empty());
+}
+
+TEST(DegradeActionsTest, TheDenseFallbackEndsWhenItsLastApplicationIsUndone) {
+  auto fault = std::make_unique<FaultModel>(LoadModel(kF32));
+  fault->fake_dense_fallback = true;
+  std::vector<std::string> in_force;
+  runtime::ModelActuator actuator(fault.get(), {}, &in_force);
+  ASSERT_TRUE(actuator.Apply(DegradeAction::kDenseFallback).ok());  // two rules fired
+  ASSERT_TRUE(actuator.Apply(DegradeAction::kDenseFallback).ok());
+  ASSERT_TRUE(actuator.Undo(DegradeAction::kDenseFallback).ok());
+  EXPECT_TRUE(fault->dense_fallback_on);  // the other still holds it
+  ASSERT_TRUE(actuator.Undo(DegradeAction::kDenseFallback).ok());
+  EXPECT_FALSE(fault->dense_fallback_on);
+  EXPECT_TRUE(in_force.empty());
+}
+
+TEST(DegradeActionsTest, DefragmentAndTheCpuBackendCannotBeUndone) {
+  auto model = LoadModel(kF32);
+  runtime::ModelActuator actuator(model.get(), {});
+  EXPECT_THAT(std::string(actuator.Undo(DegradeAction::kDefragment).message()),
+              HasSubstr("nothing to undo"));
+  EXPECT_THAT(std::string(actuator.Undo(DegradeAction::kCpuBackend).message()),
+              HasSubstr("stays given up"));
+  EXPECT_THAT(std::string(actuator.Undo(DegradeAction::kShorterContext).message()),
+              HasSubstr("no session"));
+}
+
 TEST(DegradeActionsTest, DefragmentCompactsAModelsPool) {
   model::ModelLoadOptions options;
   options.expert_pool_fraction = 0.5;
@@ -397,6 +469,41 @@ TEST(ModelMetricsTest, ReadsTheFiguresTheDefaultRulesUse) {
                    static_cast<double>(stall_after - stall_before) / 1e9 / 9);
 }
 
+TEST(ModelMetricsTest, TheRoutersP99IsOverTheDecodeStepsRoutings) {
+  auto model = LoadModel(kF32);
+  telemetry::Registry& registry = *TestRegistry();
+  runtime::ModelMetrics metrics(model.get(), &registry);
+  auto cache = model->NewKvCache(64);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt = {1, 2010, 270, 1999};
+  ASSERT_TRUE(model->Forward(prompt, cache->get(), model::LogitsFor::kLast, &logits).ok());
+  EXPECT_FALSE(metrics.Read(4).Value(pipeline::kRouterLatencyP99Metric).has_value());
+  // A prefill's routings are left out.
+  ASSERT_TRUE(model->Forward(prompt, cache->get(), model::LogitsFor::kLast, &logits).ok());
+  EXPECT_FALSE(metrics.Read(4).Value(pipeline::kRouterLatencyP99Metric).has_value());
+  const std::vector<uint64_t> before = telemetry::RouterLatencyCounts(registry);
+  for (int i = 0; i < 3; ++i) {
+    const int32_t token = 275;
+    ASSERT_TRUE(model->Forward({&token, 1}, cache->get(), model::LogitsFor::kLast, &logits).ok());
+    (void)metrics.Read(1);
+  }
+  const std::vector<uint64_t> after = telemetry::RouterLatencyCounts(registry);
+  std::vector<uint64_t> window(after.size());
+  uint64_t routings = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    window[i] = after[i] - before[i];
+    routings += window[i];
+  }
+  EXPECT_EQ(routings, 3 * model->spec().n_layer);  // one routing per MoE layer and token
+  const std::optional<double> p99 = metrics.Read(1).Value(pipeline::kRouterLatencyP99Metric);
+  ASSERT_TRUE(p99.has_value());
+  // The read after the last step added no routings; the three steps' are the window.
+  EXPECT_DOUBLE_EQ(*p99, *telemetry::HistogramQuantile(telemetry::RouterLatencyBounds(), window,
+                                                        0.99));
+  EXPECT_GT(*p99, 0);
+}
+
 // --- The policy in a running session.
 
 TEST(DegradePolicySessionTest, ARuleShortensTheContextMidGeneration) {
@@ -415,6 +522,37 @@ TEST(DegradePolicySessionTest, ARuleShortensTheContextMidGeneration) {
   EXPECT_EQ(result.finish_reason, FinishReason::kMaxTokens);
   EXPECT_GE(session->stats().context_slides, 1);  // 32 positions, not 64
   EXPECT_THAT(result.degrade_reason, HasSubstr("hot: shorter_context"));
+}
+
+TEST(DegradePolicySessionTest, AThermalDegradeIsUndoneOnceItCools) {
+  model::ModelLoadOptions options;
+  auto model = LoadModel(kF32, options);
+  model::Model* m = model.get();
+  m->resource_monitor()->SetTemperature(80.f);
+  pipeline::DegradePolicyOptions degrade;
+  degrade.rules = *pipeline::ParseDegradeRules(
+      "moert_cpu_temperature_celsius > 50 -> reduce_top_k cooldown 1000 steps recover 4 steps "
+      "reason hot");
+  auto loaded = Loaded(std::move(model), true, /*rules=*/true, degrade);
+  auto session = NewSession(loaded);
+  GenerateResult result;
+  int streamed = 0;
+  const Status status = session->Generate(
+      Greedy(20), [&](std::string_view, int32_t) {
+        if (++streamed == 5) m->resource_monitor()->SetTemperature(40.f);
+        return true;
+      },
+      &result);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(result.tokens.size(), 20u);
+  EXPECT_THAT(result.degrade_reason, HasSubstr("hot: reduce_top_k"));
+  EXPECT_THAT(result.degrade_reason, HasSubstr("hot: undid reduce_top_k"));
+  EXPECT_THAT(result.degrade_reason, Not(HasSubstr("in force")));
+  EXPECT_EQ(m->router()->options().k_reduction, 0);
+  EXPECT_EQ(TestRegistry()->Read("moert_degrade_recoveries_total", {"hot"}), 1);
+  // The next request runs with the model's k, not degraded.
+  ASSERT_TRUE(session->Generate(Greedy(4), {}, &result).ok());
+  EXPECT_FALSE(result.degraded) << result.degrade_reason;
 }
 
 uint64_t FrozenClock() { return 1'000'000'000; }

@@ -145,6 +145,29 @@ TEST(MetricsTest, ExponentialBuckets) {
   EXPECT_EQ(ExponentialBuckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8}));
 }
 
+TEST(MetricsTest, HistogramQuantileInterpolatesWithinTheBucketAsPrometheusDoes) {
+  const std::vector<double> bounds = {1, 2, 4};
+  EXPECT_EQ(HistogramQuantile(bounds, {0, 0, 0, 0}, 0.5), std::nullopt);
+  // 10 observations in (0, 1]: the median is half way into the first bucket.
+  EXPECT_DOUBLE_EQ(*HistogramQuantile(bounds, {10, 0, 0, 0}, 0.5), 0.5);
+  // 50 in (0, 1], 50 in (2, 4]: the 0.99 rank (99) is 49/50 of the way from 2 to 4.
+  EXPECT_DOUBLE_EQ(*HistogramQuantile(bounds, {50, 0, 50, 0}, 0.99), 2 + 2 * 49.0 / 50);
+  // In +Inf's bucket: the largest finite bound.
+  EXPECT_DOUBLE_EQ(*HistogramQuantile(bounds, {1, 0, 0, 99}, 0.99), 4);
+}
+
+TEST(MetricsTest, ChildrenListsEveryChildMade) {
+  Registry registry;
+  HistogramFamily& family = registry.AddHistogram("moert_h_seconds", "H.", {"layer"}, {1, 2});
+  EXPECT_TRUE(family.children().empty());
+  family.WithLabels({"1"}).Observe(0.5);
+  family.WithLabels({"0"}).Observe(3);
+  const std::vector<const Histogram*> children = family.children();
+  ASSERT_EQ(children.size(), 2u);
+  EXPECT_EQ(children[0]->snapshot().counts, (std::vector<uint64_t>{0, 0, 1}));  // layer 0
+  EXPECT_EQ(children[1]->snapshot().counts, (std::vector<uint64_t>{1, 0, 0}));  // layer 1
+}
+
 TEST(MetricsTest, IncrementsFromManyThreadsAreExact) {
   Registry registry;
   CounterFamily& family = registry.AddCounter("moert_n_total", "N.", {"t"});
