@@ -446,6 +446,17 @@ typedef void (*moert_log_callback)(int level, const char* message, void* user_da
 MOERT_API moert_status moert_set_log_callback(moert_log_callback callback, void* user_data,
                                               int min_level);
 
+/** Trace spans (docs/tracing.md), process-wide: nonzero turns recording on, 0 off (the
+ * default; off costs a relaxed load and a branch per span). Any thread. */
+MOERT_API void moert_trace_enable(int enabled);
+/** Drops every span recorded so far. */
+MOERT_API void moert_trace_clear(void);
+/** Writes every span recorded (each thread keeps its newest 32768) to `path` as Chrome
+ * trace-event JSON, which ui.perfetto.dev opens; tracing may stay on. MOERT_INVALID_ARGUMENT
+ * for a NULL or empty path; MOERT_INTERNAL when the file cannot be written, the reason
+ * (naming the path) going to the log (moert_set_log_callback). Any thread. */
+MOERT_API moert_status moert_trace_write(const char* path);
+
 #ifdef __cplusplus
 }
 #endif

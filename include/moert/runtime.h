@@ -559,6 +559,16 @@ class MOERT_API MoERuntime {
 // "end_of_generation", "stop_string", ... for logs and the CLI.
 MOERT_API const char* FinishReasonName(FinishReason reason);
 
+// Trace spans (docs/tracing.md), process-wide: on or off (off by default; off costs a
+// relaxed load and a branch per span). Any thread.
+MOERT_API void SetTracing(bool enabled);
+// Drops every span recorded so far.
+MOERT_API void ClearTrace();
+// Every span recorded (each thread's ring keeps its newest 32768) as Chrome trace-event
+// JSON (ui.perfetto.dev opens it) into `path`. Internal naming the path when it cannot
+// be written. Any thread; tracing may stay on.
+MOERT_API Status WriteTrace(const std::string& path);
+
 }  // namespace moert
 
 #endif  // MOERT_RUNTIME_H_

@@ -659,4 +659,22 @@ moert_status moert_set_log_callback(moert_log_callback callback, void* user_data
   }
 }
 
+void moert_trace_enable(int enabled) { moert::SetTracing(enabled != 0); }
+
+void moert_trace_clear(void) { moert::ClearTrace(); }
+
+moert_status moert_trace_write(const char* path) {
+  if (path == nullptr || path[0] == '\0') return MOERT_INVALID_ARGUMENT;
+  try {
+    const moert::Status status = moert::WriteTrace(path);
+    if (!status.ok()) {
+      moert::telemetry::Log(moert::telemetry::LogLevel::kError,
+                            "moert_trace_write: " + status.message());
+    }
+    return static_cast<moert_status>(status.code());
+  } catch (...) {
+    return MOERT_INTERNAL;
+  }
+}
+
 }  // extern "C"

@@ -28,6 +28,7 @@
 #include "runtime/internal.h"
 #include "telemetry/platform.h"
 #include "telemetry/runtime_metrics.h"
+#include "telemetry/trace.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moert {
@@ -375,6 +376,21 @@ Status MoERuntime::Create(const RuntimeOptions& options, std::unique_ptr<MoERunt
 }
 
 std::string MoERuntime::Metrics() const { return impl_->metrics->PrometheusText(); }
+
+void SetTracing(bool enabled) {
+  if (enabled) {
+    telemetry::EnableTracing();
+  } else {
+    telemetry::DisableTracing();
+  }
+}
+
+void ClearTrace() { telemetry::ClearTrace(); }
+
+Status WriteTrace(const std::string& path) {
+  if (path.empty()) return Status(StatusCode::kInvalidArgument, "WriteTrace: empty path");
+  return runtime::FromAbsl(telemetry::WriteTraceFile(path));
+}
 
 Status MoERuntime::SetOptions(const RuntimeOptions& options) {
   RuntimeOptions checked = options;

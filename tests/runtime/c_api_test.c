@@ -236,10 +236,55 @@ int main(int argc, char** argv) {
     }
   }
 
-  /* Cancel through the callback's return value, after 5 tokens. */
+  /* Cancel through the callback's return value, after 5 tokens; traced. */
   CHECK_STATUS(moert_session_reset(session), MOERT_OK);
   reset_tokens(&tokens, 5);
+  moert_trace_clear();
+  moert_trace_enable(1);
   CHECK_STATUS(moert_session_generate(session, &params, on_token, &tokens), MOERT_CANCELLED);
+  moert_trace_enable(0);
+  {
+    char trace_path[256];
+    char missing_dir_path[320];
+    char* json;
+    FILE* file;
+    long size;
+    log_state log;
+    snprintf(trace_path, sizeof(trace_path), "%s/moert_c_api_trace.json",
+             getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
+    snprintf(missing_dir_path, sizeof(missing_dir_path), "%s.d/no/such/dir/t.json", trace_path);
+    CHECK_STATUS(moert_trace_write(NULL), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_trace_write(""), MOERT_INVALID_ARGUMENT);
+    CHECK_STATUS(moert_trace_write(trace_path), MOERT_OK);
+    file = fopen(trace_path, "rb");
+    CHECK(file != NULL);
+    if (file != NULL) {
+      fseek(file, 0, SEEK_END);
+      size = ftell(file);
+      fseek(file, 0, SEEK_SET);
+      json = (char*)malloc((size_t)size + 1);
+      CHECK(size > 0 && json != NULL);
+      if (json != NULL) {
+        json[fread(json, 1, (size_t)size, file)] = '\0';
+        CHECK(strncmp(json, "{\"traceEvents\":[", 16) == 0);
+        /* The generation's spans: a forward pass per token, its layers' attention. */
+        CHECK(strstr(json, "\"name\":\"forward\"") != NULL);
+        CHECK(strstr(json, "\"name\":\"attention\"") != NULL);
+        free(json);
+      }
+      fclose(file);
+      remove(trace_path);
+    }
+    /* A path that cannot be written: MOERT_INTERNAL, the reason in the log. */
+    memset(&log, 0, sizeof(log));
+    log.min_level_seen = 99;
+    CHECK_STATUS(moert_set_log_callback(on_log, &log, MOERT_LOG_ERROR), MOERT_OK);
+    CHECK_STATUS(moert_trace_write(missing_dir_path), MOERT_INTERNAL);
+    CHECK_STATUS(moert_set_log_callback(NULL, NULL, MOERT_LOG_INFO), MOERT_OK);
+    CHECK(log.calls == 1 && log.min_level_seen == MOERT_LOG_ERROR);
+    CHECK(strstr(log.last, missing_dir_path) != NULL);
+    moert_trace_clear();
+  }
   CHECK(tokens.n_ids == 5);
   CHECK(tokens.mismatches == 0);
   CHECK(strstr(moert_session_last_error(session), "cancelled") != NULL);
