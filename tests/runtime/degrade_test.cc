@@ -501,7 +501,6 @@ TEST(ModelMetricsTest, TheRoutersP99IsOverTheDecodeStepsRoutings) {
   // The read after the last step added no routings; the three steps' are the window.
   EXPECT_DOUBLE_EQ(*p99, *telemetry::HistogramQuantile(telemetry::RouterLatencyBounds(), window,
                                                         0.99));
-  EXPECT_GT(*p99, 0);
 }
 
 // --- The policy in a running session.
