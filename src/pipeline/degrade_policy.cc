@@ -357,6 +357,11 @@ std::optional<DegradeEvent> DegradePolicy::Recover(size_t rule, int64_t step, ui
   return event;
 }
 
+void DegradePolicy::Keep(const DegradeEvent& event) {
+  events_.push_back(event);
+  if (events_.size() > kKeptEvents) events_.erase(events_.begin());
+}
+
 bool DegradePolicy::CoolingDown(size_t rule, int64_t step, uint64_t now_ns) const {
   const LastFiring& last = last_[rule];
   if (!last.fired) return false;
@@ -402,8 +407,7 @@ std::vector<DegradeEvent> DegradePolicy::Step(int64_t step, const MetricSource& 
     }
     if (!Holds(rule.comparison, *value, *bound)) {
       if (std::optional<DegradeEvent> undo = Recover(i, step, now_ns, actuator)) {
-        events_.push_back(*undo);
-        if (events_.size() > kKeptEvents) events_.erase(events_.begin());
+        Keep(*undo);
         fired.push_back(*std::move(undo));
       }
       continue;
@@ -432,8 +436,7 @@ std::vector<DegradeEvent> DegradePolicy::Step(int64_t step, const MetricSource& 
       CountTowardLatch(step);
       ++recovery_[i].applied;
     }
-    events_.push_back(event);
-    if (events_.size() > kKeptEvents) events_.erase(events_.begin());
+    Keep(event);
     fired.push_back(std::move(event));
   }
   return fired;

@@ -191,6 +191,8 @@ class DegradePolicy {
  private:
   bool CoolingDown(size_t rule, int64_t step, uint64_t now_ns) const;
   void CountTowardLatch(int64_t step);
+  // Adds an event to events(), dropping the oldest beyond the kept number.
+  void Keep(const DegradeEvent& event);
   // The rule's condition is known and false at (step, now): undoes one of its applied
   // firings when it has been so for its recover time; the undo's event, if one.
   std::optional<DegradeEvent> Recover(size_t rule, int64_t step, uint64_t now_ns,

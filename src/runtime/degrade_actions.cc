@@ -44,17 +44,16 @@ void ModelMetrics::ReadRouterLatency(int64_t tokens) {
   if (latency_counts_.size() == now.size() && tokens == 1) {
     std::vector<uint64_t> step(now.size());
     for (size_t i = 0; i < now.size(); ++i) step[i] = now[i] - latency_counts_[i];
-    latency_window_.resize(now.size(), 0);
-    for (size_t i = 0; i < now.size(); ++i) latency_window_[i] += step[i];
     latency_steps_.push_back(std::move(step));
-    if (latency_steps_.size() > kLatencyWindowSteps) {
-      for (size_t i = 0; i < now.size(); ++i) latency_window_[i] -= latency_steps_.front()[i];
-      latency_steps_.pop_front();
-    }
+    if (latency_steps_.size() > kLatencyWindowSteps) latency_steps_.pop_front();
   }
   latency_counts_ = std::move(now);
+  std::vector<uint64_t> window(latency_counts_.size(), 0);
+  for (const std::vector<uint64_t>& step : latency_steps_) {
+    for (size_t i = 0; i < window.size(); ++i) window[i] += step[i];
+  }
   if (const std::optional<double> p99 =
-          telemetry::HistogramQuantile(telemetry::RouterLatencyBounds(), latency_window_, 0.99)) {
+          telemetry::HistogramQuantile(telemetry::RouterLatencyBounds(), window, 0.99)) {
     snapshot_.Set(pipeline::kRouterLatencyP99Metric, *p99);
   }
 }
@@ -127,10 +126,9 @@ absl::Status ModelActuator::Undo(pipeline::DegradeAction action) {
     }
     case pipeline::DegradeAction::kShrinkPool: {
       memory::MemoryBudget* budget = model_->budget();
-      if (budget == nullptr || budget->stats().trim_fraction >= 1) {
-        return absl::FailedPreconditionError("shrink_pool: the expert pool is not shrunk");
-      }
-      budget->Trim(std::min(1.0, budget->stats().trim_fraction * 2));
+      const double trim = budget == nullptr ? 1 : budget->stats().trim_fraction;
+      if (trim >= 1) return absl::FailedPreconditionError("shrink_pool: the expert pool is not shrunk");
+      budget->Trim(std::min(1.0, trim * 2));
       model_->ApplyMemoryLimits(/*drop_unused=*/false);
       Release(action);
       return absl::OkStatus();

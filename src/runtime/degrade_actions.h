@@ -43,7 +43,6 @@ class ModelMetrics {
   uint64_t stall_ns_ = 0;
   std::vector<uint64_t> latency_counts_;             // the registry's at the last Read
   std::deque<std::vector<uint64_t>> latency_steps_;  // per decode step in the window
-  std::vector<uint64_t> latency_window_;             // their sum
   pipeline::MetricSnapshot snapshot_;
 };
 
