@@ -151,6 +151,11 @@ typedef struct moert_stats {
   /** Each degrade and why, "; "-separated ("" when not degraded); valid until the
    * next moert_session_stats call on the session or its destroy. */
   const char* degrade_reason;
+  /* Since MOERT_ABI_VERSION 1 (Android/JNI additions). */
+  double prefetch_precision; /**< predicted experts the router then chose / predicted */
+  double prefetch_recall;    /**< chosen experts that had been predicted / chosen */
+  int32_t image_slices;      /**< slices of the images encoded for this generation */
+  double image_share;        /**< image positions / prompt positions */
 } moert_stats;
 
 /** Memory figures of a session's last generation, with a memory budget or an expert
@@ -456,6 +461,62 @@ MOERT_API void moert_trace_clear(void);
  * for a NULL or empty path; MOERT_INTERNAL when the file cannot be written, the reason
  * (naming the path) going to the log (moert_set_log_callback). Any thread. */
 MOERT_API moert_status moert_trace_write(const char* path);
+
+/* ---- App integration (Android, JNI): the ABI check, loading from an fd, model facts ---- */
+
+/** The ABI these headers describe: raised whenever a public struct's layout or a
+ * function's signature changes, so an app built against one header set can tell a
+ * libmoert.so of another apart (MOERT_VERSION_* name the release). */
+#define MOERT_ABI_VERSION 1
+
+/** The MOERT_ABI_VERSION the linked library was built with. */
+MOERT_API int32_t moert_abi_version(void);
+
+/** Checks that the linked library has the ABI of the headers the caller was compiled
+ * with: pass MOERT_ABI_VERSION (or use MOERT_CHECK_ABI()). MOERT_FAILED_PRECONDITION,
+ * with moert_last_error(NULL) naming both versions, when they differ; call it before
+ * anything else. */
+MOERT_API moert_status moert_check_abi(int32_t header_abi_version);
+
+/** moert_check_abi() with the including code's MOERT_ABI_VERSION. */
+#define MOERT_CHECK_ABI() moert_check_abi(MOERT_ABI_VERSION)
+
+/** As moert_runtime_load_model_cancellable, for the `length` bytes at `offset` of the
+ * open file `fd` (`length` 0: to the end of the file): an Android asset stored
+ * uncompressed in the APK, from AAsset_openFileDescriptor64() or Java's
+ * AssetFileDescriptor (getParcelFileDescriptor().getFd(), getStartOffset(),
+ * getLength()). Any offset, page-aligned or not. The fd stays the caller's (moert
+ * opens the file again by the name it has under /proc/self/fd, so it must be a regular
+ * file with a path). MOERT_INVALID_ARGUMENT for a negative fd, offset or length, an fd
+ * that is not an open regular file, or a range past the end of the file. */
+MOERT_API moert_status moert_runtime_load_model_fd(moert_runtime* runtime, int fd, int64_t offset,
+                                                   int64_t length,
+                                                   moert_cancellable_progress_callback progress,
+                                                   void* user_data);
+
+/** What moert_model_info() tells about the loaded model. The strings stay valid until
+ * the next moert_model_info(), load or moert_runtime_destroy() on the runtime. */
+typedef struct moert_model_details {
+  const char* architecture;        /**< general.architecture, e.g. "qwen2moe" */
+  const char* name;                /**< general.name ("" when absent) */
+  int64_t parameters;              /**< weights in the file's tensors, every expert counted */
+  int32_t layers;                  /**< transformer blocks */
+  int32_t embedding_length;        /**< n_embd */
+  int32_t experts;                 /**< routed experts per MoE layer (0: a dense model) */
+  int32_t experts_used;            /**< experts each token takes (k) */
+  int32_t vocab_size;              /**< tokens of the vocabulary */
+  int32_t training_context_length; /**< the model's training context */
+  int32_t context_length;          /**< KV positions each session gets */
+  const char* chat_template;       /**< the template sessions use by default ("chatml", ...) */
+  const char* backend;             /**< "CPU" or "OpenCL" */
+  const char* device;              /**< the OpenCL device's name and type ("" on the CPU) */
+  int64_t file_offset;             /**< where the model starts in its file (fd loads) */
+  double load_ms;                  /**< how long the load took */
+} moert_model_details;
+
+/** Fills `info` with the loaded model's facts. MOERT_FAILED_PRECONDITION when no model
+ * is loaded; MOERT_INVALID_ARGUMENT for a NULL argument. */
+MOERT_API moert_status moert_model_info(moert_runtime* runtime, moert_model_details* info);
 
 #ifdef __cplusplus
 }

@@ -229,6 +229,14 @@ struct ModelInfo {
   std::string architecture;  // general.architecture, e.g. "llama"
   std::string name;          // general.name (may be empty)
   int vocab_size = 0;
+  int64_t parameters = 0;   // weights in the file's tensors (every expert counted)
+  int layers = 0;           // block_count
+  int embedding_length = 0; // n_embd
+  int experts = 0;          // routed experts per MoE layer (0: a dense model)
+  int experts_used = 0;     // experts each token takes (the model's k)
+  // Where the model's bytes start in its file: not 0 for LoadModelFromFd of an
+  // uncompressed APK asset.
+  int64_t file_offset = 0;
   int training_context_length = 0;
   int context_length = 0;     // what each session gets
   std::string chat_template;  // the template family sessions use by default: "chatml", ...
@@ -499,6 +507,15 @@ class MOERT_API MoERuntime {
   // (missing, not a GGUF, truncated, unsupported architecture, no tensors in it, ...).
   Status LoadModel(const std::string& path, const ProgressCallback& progress = {});
 
+  // As LoadModel, for the `length` bytes at `offset` of the open file `fd` (0: to the
+  // file's end): an Android app's AssetFileDescriptor of a model stored uncompressed
+  // in its APK (getParcelFileDescriptor().getFd(), getStartOffset(), getLength()). Any
+  // offset. The fd stays the caller's: moert opens the file again by the name the
+  // fd has (/proc/self/fd), which must be a regular file that still names it.
+  // InvalidArgument for a negative fd, offset or length, or a range past its end.
+  Status LoadModelFromFd(int fd, int64_t offset, int64_t length,
+                         const ProgressCallback& progress = {});
+
   // Loads a vision projector for the loaded model: llama.cpp's clip GGUF of a
   // MiniCPM-V model (llama.cpp's --mmproj), versions 2, 3 and 4, replacing one loaded
   // before. The model's sessions take images from then on. FailedPrecondition without
@@ -553,6 +570,9 @@ class MOERT_API MoERuntime {
  private:
   struct Impl;
   explicit MoERuntime(std::unique_ptr<Impl> impl);
+  // LoadModel's work, for the `length` bytes at `offset` of `path` (length < 0: all).
+  Status LoadRange(const std::string& path, uint64_t offset, int64_t length,
+                   const ProgressCallback& progress);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/guarded_copy.h"
@@ -25,6 +26,12 @@ absl::Status ErrnoError(const std::string& what, const std::string& path, int er
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  return OpenRange(path, 0, std::numeric_limits<uint64_t>::max());
+}
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::OpenRange(const std::string& path,
+                                                                  uint64_t offset,
+                                                                  uint64_t length) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path, errno);
   struct stat st;
@@ -37,24 +44,39 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
   }
-  size_t size = static_cast<size_t>(st.st_size);
-  const uint8_t* data = nullptr;
-  if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const bool whole = offset == 0 && length == std::numeric_limits<uint64_t>::max();
+  if (whole) length = file_size;
+  if (offset > file_size || length > file_size - offset) {
+    ::close(fd);
+    return absl::OutOfRangeError(absl::StrCat("'", path, "': the range of ", length,
+                                              " bytes at offset ", offset,
+                                              " does not lie inside its ", file_size, " bytes"));
+  }
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t map_offset = offset / page * page;  // mmap wants a page-aligned offset
+  const size_t map_bytes = static_cast<size_t>(length + (offset - map_offset));
+  std::unique_ptr<MappedFile> file(new MappedFile(path, nullptr, static_cast<size_t>(length),
+                                                  IdentityFromStat(st)));
+  file->file_offset_ = offset;
+  if (length > 0) {
+    void* p = ::mmap(nullptr, map_bytes, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(map_offset));
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
       return ErrnoError("cannot mmap", path, err);
     }
-    data = static_cast<const uint8_t*>(p);
+    file->map_base_ = p;
+    file->map_bytes_ = map_bytes;
+    file->data_ = static_cast<const uint8_t*>(p) + (offset - map_offset);
   }
   ::close(fd);  // The mapping keeps the file alive.
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, IdentityFromStat(st)));
+  return file;
 }
 
 absl::Status MappedFile::CopyOut(uint64_t offset, std::span<uint8_t> dst) const {
   const auto where = [&] {
-    return absl::StrCat("'", path_, "': the mapped bytes at file offset ", offset, " (",
+    return absl::StrCat("'", path_, "': the mapped bytes at file offset ", file_offset_ + offset, " (",
                         dst.size(), " bytes)");
   };
   if (offset > size_ || dst.size() > size_ - offset) {
@@ -69,7 +91,7 @@ absl::Status MappedFile::CopyOut(uint64_t offset, std::span<uint8_t> dst) const 
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (map_base_ != nullptr) ::munmap(map_base_, map_bytes_);
 }
 
 }  // namespace moert::core

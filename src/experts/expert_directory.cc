@@ -25,6 +25,7 @@ absl::StatusOr<ExpertDirectory> ExpertDirectory::Build(const format::GgufFile& f
   ExpertDirectory dir;
   dir.path_ = file.name();
   dir.file_size_ = file.bytes().size();
+  dir.file_offset_ = file.file_offset();
   dir.n_layer_ = n_layer;
   dir.n_expert_ = n_expert;
   dir.has_layer_.assign(static_cast<size_t>(n_layer), false);

@@ -67,7 +67,10 @@ class ExpertDirectory {
                                                int n_expert, int64_t n_embd, int64_t n_ff);
 
   const std::string& path() const { return path_; }  // the file (GgufFile::name())
-  uint64_t file_size() const { return file_size_; }
+  uint64_t file_size() const { return file_size_; }  // the GGUF's bytes
+  // Where the GGUF starts in path() (a model inside an APK); the parts' file offsets are
+  // relative to it.
+  uint64_t file_offset() const { return file_offset_; }
   int n_layer() const { return n_layer_; }
   int n_expert() const { return n_expert_; }
   bool has_layer(int layer) const;
@@ -89,6 +92,7 @@ class ExpertDirectory {
 
   std::string path_;
   uint64_t file_size_ = 0;
+  uint64_t file_offset_ = 0;
   int n_layer_ = 0;
   int n_expert_ = 0;
   int pooled_layers_ = 0;

@@ -82,6 +82,15 @@ int64_t PreadAtLeast(int fd, uint8_t* buf, uint64_t want, uint64_t need, uint64_
   return static_cast<int64_t>(done);
 }
 
+// madvise over the pages holding [bytes, bytes + n) (the view of a mapping need not
+// start on a page).
+void AdviseMapped(const uint8_t* bytes, uint64_t n, int advice) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes) / page * page;
+  ::madvise(reinterpret_cast<void*>(begin), reinterpret_cast<uintptr_t>(bytes) + n - begin,
+            advice);
+}
+
 using telemetry::NowNs;
 
 constexpr char kLoadEvent[] = "expert load";
@@ -111,7 +120,11 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
   const std::string& path = directory.path();
   uint64_t size = 0;
   if (options.mode == IoMode::kMmap) {
-    auto mapping = core::MappedFile::Open(path);
+    // A model inside a bigger file maps its own bytes only.
+    auto mapping = directory.file_offset() == 0
+                       ? core::MappedFile::Open(path)
+                       : core::MappedFile::OpenRange(path, directory.file_offset(),
+                                                     directory.file_size());
     if (!mapping.ok()) return mapping.status();
     loader->mapping_ = std::move(*mapping);
     loader->identity_ = loader->mapping_->identity();
@@ -133,6 +146,10 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
     if (::fstat(loader->buffered_fd_, &st) != 0) return OpenError(path, errno);
     loader->identity_ = core::IdentityFromStat(st);
     size = static_cast<uint64_t>(st.st_size);
+    // The GGUF's bytes only, for a model that starts inside a bigger file.
+    size = directory.file_offset() > 0 && size >= directory.file_offset()
+               ? std::min<uint64_t>(size - directory.file_offset(), directory.file_size())
+               : size;
   }
   std::error_code error;
   const std::filesystem::path absolute = std::filesystem::absolute(path, error);
@@ -330,13 +347,10 @@ void Loader::AdviseWillNeed(const ExpertInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const ExpertPart& part : info.parts) {
     if (mode_ == IoMode::kBuffered && buffered_fd_ >= 0) {
-      ::posix_fadvise(buffered_fd_, static_cast<off_t>(part.file_offset),
+      ::posix_fadvise(buffered_fd_, static_cast<off_t>(directory_.file_offset() + part.file_offset),
                       static_cast<off_t>(part.file_bytes), POSIX_FADV_WILLNEED);
     } else if (mode_ == IoMode::kMmap && mapping_ != nullptr) {
-      const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      const uint64_t begin = part.file_offset / page * page;
-      ::madvise(const_cast<uint8_t*>(mapping_->data()) + begin,
-                part.file_offset + part.file_bytes - begin, MADV_WILLNEED);
+      AdviseMapped(mapping_->data() + part.file_offset, part.file_bytes, MADV_WILLNEED);
     }
   }
 }
@@ -416,10 +430,7 @@ absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
       return absl::DataLossError(StrCat(Who(info), ", tensor '", part.tensor, "': ",
                                         std::string(copied.message())));
     }
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t begin = part.file_offset / page * page;
-    ::madvise(const_cast<uint8_t*>(mapping_->data()) + begin,
-              part.file_offset + part.file_bytes - begin, MADV_DONTNEED);
+    AdviseMapped(mapping_->data() + part.file_offset, part.file_bytes, MADV_DONTNEED);
     return std::span<uint8_t>(slot, part.file_bytes);
   }
 
@@ -428,9 +439,11 @@ absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
     std::lock_guard<std::mutex> lock(mu_);
     direct = mode_ == IoMode::kDirect;
   }
+  // The part in the file: the GGUF may start inside a bigger one (an APK).
+  const uint64_t at = directory_.file_offset() + part.file_offset;
   if (direct) {
-    const uint64_t begin = part.file_offset / kDirectAlignment * kDirectAlignment;
-    const uint64_t end = part.file_offset + part.file_bytes;
+    const uint64_t begin = at / kDirectAlignment * kDirectAlignment;
+    const uint64_t end = at + part.file_bytes;
     const uint64_t want = AlignUp(end, kDirectAlignment) - begin;
     const uint64_t need = end - begin;
     int64_t got = fault != nullptr && *fault == LoaderFault::kDirectRefused
@@ -444,19 +457,19 @@ absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
       if (got < 0) return io_error(static_cast<int>(-got));
       if (simulate_short) got = static_cast<int64_t>(need / 2);
       if (static_cast<uint64_t>(got) < need) {
-        return short_read(static_cast<uint64_t>(got) > part.file_offset - begin
-                              ? static_cast<uint64_t>(got) - (part.file_offset - begin)
+        return short_read(static_cast<uint64_t>(got) > at - begin
+                              ? static_cast<uint64_t>(got) - (at - begin)
                               : 0);
       }
-      return std::span<uint8_t>(slot + (part.file_offset - begin), part.file_bytes);
+      return std::span<uint8_t>(slot + (at - begin), part.file_bytes);
     }
   }
 
   // kBuffered (or after a fallback).
   *bytes_read += part.file_bytes;
   int64_t got =
-      PreadAtLeast(buffered_fd_, slot, part.file_bytes, part.file_bytes, part.file_offset);
-  ::posix_fadvise(buffered_fd_, static_cast<off_t>(part.file_offset),
+      PreadAtLeast(buffered_fd_, slot, part.file_bytes, part.file_bytes, at);
+  ::posix_fadvise(buffered_fd_, static_cast<off_t>(at),
                   static_cast<off_t>(part.file_bytes), POSIX_FADV_DONTNEED);
   if (got < 0) return io_error(static_cast<int>(-got));
   if (simulate_short) got = static_cast<int64_t>(part.file_bytes / 2);

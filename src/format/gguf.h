@@ -94,6 +94,11 @@ class GgufFile {
   // Maps and parses `path`.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path,
                                                         const GgufLimits& limits = {});
+  // Maps and parses the GGUF held in the `length` bytes of `path` from `offset` on (a
+  // model stored in an APK); tensor offsets stay relative to the GGUF's start.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> OpenRange(const std::string& path,
+                                                             uint64_t offset, uint64_t length,
+                                                             const GgufLimits& limits = {});
   // Parses bytes the caller keeps alive for the lifetime of the result (tests,
   // fuzzing). `name` appears in error messages.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBuffer(
@@ -104,6 +109,8 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   const std::string& name() const { return name_; }
+  // Where the GGUF starts in the file name() (0 but for OpenRange).
+  uint64_t file_offset() const { return mapping_ != nullptr ? mapping_->file_offset() : 0; }
   std::span<const uint8_t> bytes() const { return bytes_; }
 
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }
@@ -133,6 +140,9 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromMapping(
+      std::unique_ptr<core::MappedFile> mapping, const std::string& path,
+      const GgufLimits& limits);
   absl::Status Parse(const GgufLimits& limits);
 
   std::unique_ptr<core::MappedFile> mapping_;  // null for FromBuffer

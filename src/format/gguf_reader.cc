@@ -326,6 +326,19 @@ std::string_view GgufValueTypeName(GgufValueType type) {
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path,
                                                          const GgufLimits& limits) {
   MOERT_ASSIGN_OR_RETURN(std::unique_ptr<core::MappedFile> mapping, core::MappedFile::Open(path));
+  return FromMapping(std::move(mapping), path, limits);
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::OpenRange(const std::string& path,
+                                                              uint64_t offset, uint64_t length,
+                                                              const GgufLimits& limits) {
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<core::MappedFile> mapping,
+                         core::MappedFile::OpenRange(path, offset, length));
+  return FromMapping(std::move(mapping), path, limits);
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromMapping(
+    std::unique_ptr<core::MappedFile> mapping, const std::string& path, const GgufLimits& limits) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->bytes_ = mapping->bytes();
   file->mapping_ = std::move(mapping);

@@ -100,6 +100,14 @@ ModelWeights DecoderModel::Weights() const {
 
 namespace {
 
+// The hot set's name for a model: its file's name, with the offset for a model that
+// starts inside a bigger file (several models in one APK get a hot set each).
+std::string HotSetName(const format::GgufFile& file) {
+  std::string name = std::filesystem::path(file.name()).filename().string();
+  if (file.file_offset() > 0) name += StrCat("@", file.file_offset());
+  return name;
+}
+
 pipeline::PooledPlacement PlacementOf(PooledExperts placement) {
   switch (placement) {
     case PooledExperts::kDevice:
@@ -259,7 +267,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
         if (!dir.empty()) {
           hot_set_path_ = StrCat(
               dir, "/hot/",
-              experts::HotSetPath(std::filesystem::path(file.name()).filename().string()));
+              experts::HotSetPath(HotSetName(file)));
         }
       }
       memory_.hot_set_path = hot_set_path_;

@@ -18,6 +18,7 @@
 struct moert_runtime {
   std::unique_ptr<moert::MoERuntime> runtime;
   std::string last_error;
+  moert::ModelInfo info;  // what moert_model_details' strings point into
 };
 
 struct moert_session {
@@ -458,6 +459,10 @@ moert_status moert_session_stats(const moert_session* session, moert_stats* stat
     stats->degraded = s.degraded ? 1 : 0;
     session->degrade_reason = s.degrade_reason;
     stats->degrade_reason = session->degrade_reason.c_str();
+    stats->prefetch_precision = s.prefetch_precision;
+    stats->prefetch_recall = s.prefetch_recall;
+    stats->image_slices = s.image_slices;
+    stats->image_share = s.image_share;
     return MOERT_OK;
   } catch (...) {
     return MOERT_INTERNAL;
@@ -675,6 +680,74 @@ moert_status moert_trace_write(const char* path) {
   } catch (...) {
     return MOERT_INTERNAL;
   }
+}
+
+
+// ---- App integration (Android, JNI): the ABI check, loading from an fd, model facts ----
+
+int32_t moert_abi_version(void) { return MOERT_ABI_VERSION; }
+
+moert_status moert_check_abi(int32_t header_abi_version) {
+  if (header_abi_version == MOERT_ABI_VERSION) {
+    g_last_error.clear();
+    return MOERT_OK;
+  }
+  try {
+    return Fail(nullptr, MOERT_FAILED_PRECONDITION,
+                "moert_check_abi: the headers have ABI version " +
+                    std::to_string(header_abi_version) + " but libmoert " MOERT_VERSION_STRING
+                    " has ABI version " + std::to_string(MOERT_ABI_VERSION) +
+                    ": rebuild against the library's headers");
+  } catch (...) {
+    return MOERT_FAILED_PRECONDITION;
+  }
+}
+
+moert_status moert_runtime_load_model_fd(moert_runtime* runtime, int fd, int64_t offset,
+                                         int64_t length,
+                                         moert_cancellable_progress_callback progress,
+                                         void* user_data) {
+  constexpr char kName[] = "moert_runtime_load_model_fd";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    moert::ProgressCallback callback;
+    if (progress != nullptr) {
+      callback = [progress, user_data](float fraction) { return progress(fraction, user_data) == 0; };
+    }
+    return Report(&runtime->last_error,
+                  runtime->runtime->LoadModelFromFd(fd, offset, length, callback));
+  });
+}
+
+moert_status moert_model_info(moert_runtime* runtime, moert_model_details* info) {
+  constexpr char kName[] = "moert_model_info";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    if (info == nullptr) return NullArgument(&runtime->last_error, kName, "info");
+    if (!runtime->runtime->model_loaded()) {
+      return Fail(&runtime->last_error, MOERT_FAILED_PRECONDITION,
+                  std::string(kName) + ": no model is loaded");
+    }
+    runtime->info = runtime->runtime->model_info();
+    const moert::ModelInfo& m = runtime->info;
+    info->architecture = m.architecture.c_str();
+    info->name = m.name.c_str();
+    info->parameters = m.parameters;
+    info->layers = m.layers;
+    info->embedding_length = m.embedding_length;
+    info->experts = m.experts;
+    info->experts_used = m.experts_used;
+    info->vocab_size = m.vocab_size;
+    info->training_context_length = m.training_context_length;
+    info->context_length = m.context_length;
+    info->chat_template = m.chat_template.c_str();
+    info->backend = m.backend.c_str();
+    info->device = m.device.c_str();
+    info->file_offset = m.file_offset;
+    info->load_ms = m.load_ms;
+    runtime->last_error.clear();
+    return MOERT_OK;
+  });
 }
 
 }  // extern "C"

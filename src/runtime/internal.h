@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/strings.h"
 #include "model/chat_template.h"
 #include "model/model.h"
@@ -30,6 +32,16 @@ namespace moert::runtime {
 // The public Status for an absl::Status (codes the API has no name for become
 // kInternal, keeping the message).
 Status FromAbsl(const absl::Status& status);
+
+// The bytes a model is loaded from: a file, or a range of one (an APK asset).
+struct ModelSource {
+  std::string path;
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;  // nullopt: the whole file
+};
+
+// The file and range of MoERuntime::LoadModelFromFd's arguments (length 0: to the end).
+absl::StatusOr<ModelSource> SourceOfFd(int fd, int64_t offset, int64_t length);
 
 // A model ready to generate with. Shared by the runtime and its sessions, so a
 // session outlives a reload or the runtime itself.

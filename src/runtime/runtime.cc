@@ -3,11 +3,15 @@
 #include "moert/runtime.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -100,7 +104,7 @@ experts::IoMode ToExpertsIoMode(IoMode mode) {
   return experts::IoMode::kDirect;
 }
 
-absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
+absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
                                                   const RuntimeOptions& options,
                                                   const ProgressCallback& progress,
                                                   std::shared_ptr<telemetry::Registry> metrics) {
@@ -114,7 +118,11 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
                            pipeline::ReadDegradeRulesFile(options.degrade_rules_path));
   }
 
-  auto file = format::GgufFile::Open(path);
+  const std::string path =
+      source.length.has_value() ? StrCat(source.path, "@", source.offset) : source.path;
+  auto file = source.length.has_value()
+                  ? format::GgufFile::OpenRange(source.path, source.offset, *source.length)
+                  : format::GgufFile::Open(source.path);
   if (!file.ok()) return WithPath(file.status(), path);
   const format::GgufFile& gguf = **file;
   if (gguf.tensors().empty()) {
@@ -194,6 +202,14 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
   info.architecture = spec.arch != nullptr ? std::string(spec.arch->name) : std::string();
   info.name = spec.name;
   info.vocab_size = static_cast<int>(spec.n_vocab);
+  for (const format::GgufTensorInfo& tensor : gguf.tensors()) {
+    info.parameters += static_cast<int64_t>(tensor.n_elements);
+  }
+  info.layers = static_cast<int>(spec.n_layer);
+  info.embedding_length = static_cast<int>(spec.n_embd);
+  info.experts = static_cast<int>(spec.n_expert);
+  info.experts_used = static_cast<int>(spec.n_expert_used);
+  info.file_offset = static_cast<int64_t>(source.offset);
   info.training_context_length = static_cast<int>(spec.n_ctx_train);
   info.context_length = loaded->context_length;
   info.chat_template = ChatTemplateName(loaded->chat_template);
@@ -214,6 +230,46 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const std::string& path,
 }
 
 }  // namespace
+
+absl::StatusOr<ModelSource> SourceOfFd(int fd, int64_t offset, int64_t length) {
+  if (fd < 0 || offset < 0 || length < 0) {
+    return absl::InvalidArgumentError(StrCat("a model from fd ", fd, " at offset ", offset,
+                                             " of length ", length,
+                                             ": negative fd, offset or length"));
+  }
+  struct stat by_fd {};
+  if (::fstat(fd, &by_fd) != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("fd ", fd, " is not an open file: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(by_fd.st_mode)) {
+    return absl::InvalidArgumentError(StrCat("fd ", fd, " is not a regular file"));
+  }
+  // The loader opens the file again (O_DIRECT, its own offsets): by the name the fd has.
+  const std::string link = StrCat("/proc/self/fd/", fd);
+  std::error_code error;
+  std::string path = std::filesystem::read_symlink(link, error).string();
+  struct stat by_name {};
+  if (error || ::stat(path.c_str(), &by_name) != 0 || by_name.st_dev != by_fd.st_dev ||
+      by_name.st_ino != by_fd.st_ino) {
+    return absl::InvalidArgumentError(
+        StrCat("fd ", fd, " names no file moert can open again (", link, " -> '", path,
+               "'): pass a file that has a path, such as an APK's asset or a model file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(by_fd.st_size);
+  const uint64_t start = static_cast<uint64_t>(offset);
+  if (start > size || static_cast<uint64_t>(length) > size - start) {
+    return absl::InvalidArgumentError(StrCat("'", path, "' (fd ", fd, ") has ", size,
+                                             " bytes: no model of ", length,
+                                             " bytes at offset ", offset));
+  }
+  ModelSource source;
+  source.path = std::move(path);
+  source.offset = start;
+  source.length = length > 0 ? static_cast<uint64_t>(length) : size - start;
+  return source;
+}
+
 }  // namespace runtime
 
 namespace runtime {
@@ -422,12 +478,26 @@ void ApplyDeviceState(runtime::LoadedModel& model, float celsius) {
 }  // namespace
 
 Status MoERuntime::LoadModel(const std::string& path, const ProgressCallback& progress) {
+  return LoadRange(path, 0, -1, progress);
+}
+
+Status MoERuntime::LoadModelFromFd(int fd, int64_t offset, int64_t length,
+                                   const ProgressCallback& progress) {
+  auto source = runtime::SourceOfFd(fd, offset, length);
+  if (!source.ok()) return runtime::FromAbsl(source.status());
+  return LoadRange(source->path, source->offset, static_cast<int64_t>(*source->length), progress);
+}
+
+Status MoERuntime::LoadRange(const std::string& path, uint64_t offset, int64_t length,
+                             const ProgressCallback& progress) {
+  runtime::ModelSource source{path, offset, std::nullopt};
+  if (length >= 0) source.length = static_cast<uint64_t>(length);
   RuntimeOptions options;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     options = impl_->options;
   }
-  auto loaded = runtime::Load(path, options, progress, impl_->metrics);
+  auto loaded = runtime::Load(source, options, progress, impl_->metrics);
   if (!loaded.ok()) return runtime::FromAbsl(loaded.status());
   std::shared_ptr<runtime::LoadedModel> old;
   std::unique_ptr<Session> old_one_shot;

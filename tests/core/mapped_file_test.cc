@@ -53,5 +53,45 @@ TEST(MappedFile, DirectoryIsRejected) {
   EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A range at an offset that is not page-aligned (a model inside an APK): the view holds
+// exactly those bytes, CopyOut reads inside it and names the file offset of what it cannot.
+TEST(MappedFile, MapsARangeAtAnyOffset) {
+  std::string path = TempPath("moert_mapped_range");
+  std::string contents;
+  for (int i = 0; i < 3 * 4096 + 777; ++i) contents += static_cast<char>('a' + i % 26);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << contents;
+  }
+  const uint64_t offset = 4096 + 123;
+  auto file = MappedFile::OpenRange(path, offset, 5000);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->file_offset(), offset);
+  ASSERT_EQ((*file)->size(), 5000u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*file)->data()), 5000),
+            contents.substr(offset, 5000));
+  std::string copy(10, '\0');
+  ASSERT_TRUE((*file)->CopyOut(4990, {reinterpret_cast<uint8_t*>(copy.data()), 10}).ok());
+  EXPECT_EQ(copy, contents.substr(offset + 4990, 10));
+  const absl::Status past = (*file)->CopyOut(4995, {reinterpret_cast<uint8_t*>(copy.data()), 10});
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(past.message().find("file offset " + std::to_string(offset + 4995)), std::string::npos)
+      << past;
+
+  // A range past the end: OutOfRange naming the path, the range and the size.
+  auto beyond = MappedFile::OpenRange(path, offset, contents.size());
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(beyond.status().message().find(path), std::string::npos) << beyond.status();
+  EXPECT_NE(beyond.status().message().find(std::to_string(contents.size()) + " bytes"),
+            std::string::npos)
+      << beyond.status();
+  // An empty range maps nothing.
+  auto empty = MappedFile::OpenRange(path, offset, 0);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE((*empty)->bytes().empty());
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace moert::core

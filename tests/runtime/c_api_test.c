@@ -4,10 +4,12 @@
  * id in the callback), cancel through the callback, error paths (NULL arguments, a
  * bad file, bad requests) with their status codes and messages, stats, destroy.
  * Usage: c_api_test SHARED_DIR (the folder with models/ and vocab/). */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moert/moert.h"
 
@@ -97,10 +99,180 @@ static void reset_tokens(token_state* state, int cancel_after) {
   state->cancel_after = cancel_after;
 }
 
+/* ---- App integration: the ABI check, a model inside a bigger file by fd, model facts ---- */
+
+static int cancel_at_half(float progress, void* user_data) {
+  int* calls = (int*)user_data;
+  ++*calls;
+  return progress >= 0.5f;
+}
+
+/* Greedy "ROMEO:" (32 tokens) on a fresh session of `runtime` into `ids`; returns how
+ * many tokens came, -1 on an error. */
+static int greedy_ids(moert_runtime* runtime, int32_t* ids, char* text, size_t text_size) {
+  moert_session* session = NULL;
+  moert_generate_params params;
+  token_state tokens;
+  int n;
+  if (moert_session_create(runtime, &session) != MOERT_OK) return -1;
+  moert_generate_params_default(&params);
+  params.prompt = "ROMEO:";
+  params.max_tokens = 32;
+  params.sampler.temperature = 0.0f;
+  reset_tokens(&tokens, 0);
+  n = moert_session_generate(session, &params, on_token, &tokens) == MOERT_OK ? tokens.n_ids : -1;
+  if (n > 0) memcpy(ids, tokens.ids, sizeof(int32_t) * (size_t)(n < 32 ? n : 32));
+  snprintf(text, text_size, "%s", tokens.text);
+  moert_session_destroy(session);
+  return n;
+}
+
+/* 1 when greedy "ROMEO:" on `runtime` is the f32 model's reference continuation. */
+static int greedy_is_reference(moert_runtime* runtime) {
+  int32_t ids[32];
+  char text[1024];
+  return greedy_ids(runtime, ids, text, sizeof(text)) == 32 &&
+         memcmp(ids, kGreedyIds, sizeof(ids)) == 0 && strcmp(text, kGreedyText) == 0;
+}
+
+/* Writes `prefix` bytes, the model, `suffix` bytes to a new file (as an APK holds an
+ * uncompressed asset); returns the model's size, or 0. */
+static long embed_model(const char* model_path, const char* apk_path, long prefix, long suffix) {
+  FILE* in = fopen(model_path, "rb");
+  FILE* out = fopen(apk_path, "wb");
+  long size = 0;
+  long i;
+  char buf[65536];
+  size_t n;
+  if (in == NULL || out == NULL) {
+    if (in != NULL) fclose(in);
+    if (out != NULL) fclose(out);
+    return 0;
+  }
+  for (i = 0; i < prefix; ++i) fputc((int)(i * 7 + 3) & 0xFF, out);
+  while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
+    fwrite(buf, 1, n, out);
+    size += (long)n;
+  }
+  for (i = 0; i < suffix; ++i) fputc('Z', out);
+  fclose(in);
+  if (fclose(out) != 0) return 0;
+  return size;
+}
+
+static void check_app_integration(const char* model_path, const char* q8_path) {
+  const long prefix = 3 * 4096 + 1234; /* not page-aligned, nor 4 KiB-aligned */
+  const moert_io_mode modes[3] = {MOERT_IO_DIRECT, MOERT_IO_BUFFERED, MOERT_IO_MMAP};
+  char apk_path[4096];
+  char q8_apk_path[4096];
+  const char* tmp = getenv("TMPDIR");
+  moert_runtime* runtime = NULL;
+  moert_model_details info;
+  long model_size;
+  int fd;
+  int calls = 0;
+  int m;
+
+  /* The ABI check. */
+  CHECK(moert_abi_version() == MOERT_ABI_VERSION);
+  CHECK_STATUS(MOERT_CHECK_ABI(), MOERT_OK);
+  CHECK_STATUS(moert_check_abi(MOERT_ABI_VERSION + 1), MOERT_FAILED_PRECONDITION);
+  CHECK(strstr(moert_last_error(NULL), "ABI version") != NULL);
+
+  snprintf(apk_path, sizeof(apk_path), "%s/moert-c-api-apk-%ld.bin",
+           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp", (long)getpid());
+  snprintf(q8_apk_path, sizeof(q8_apk_path), "%s/moert-c-api-apk-q8-%ld.bin",
+           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp", (long)getpid());
+  model_size = embed_model(model_path, apk_path, prefix, 777);
+  CHECK(model_size > 0);
+  fd = open(apk_path, O_RDONLY);
+  CHECK(fd >= 0);
+  if (model_size <= 0 || fd < 0) return;
+
+  CHECK_STATUS(moert_runtime_create(NULL, &runtime), MOERT_OK);
+  if (runtime == NULL) return;
+  CHECK_STATUS(moert_model_info(NULL, &info), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_model_info(runtime, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_model_info(runtime, &info), MOERT_FAILED_PRECONDITION);
+  CHECK(strstr(moert_last_error(runtime), "no model") != NULL);
+
+  /* Bad arguments: a clear error, and the runtime stays usable. */
+  CHECK_STATUS(moert_runtime_load_model_fd(NULL, fd, prefix, model_size, NULL, NULL),
+               MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_load_model_fd(runtime, -1, 0, 0, NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "negative") != NULL);
+  CHECK_STATUS(moert_runtime_load_model_fd(runtime, fd, prefix, model_size + 778, NULL, NULL),
+               MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "offset") != NULL);
+  CHECK(strstr(moert_last_error(runtime), apk_path) != NULL);
+  /* The wrong offset: not a GGUF there. */
+  CHECK(moert_runtime_load_model_fd(runtime, fd, prefix - 1, model_size, NULL, NULL) != MOERT_OK);
+  CHECK(strstr(moert_last_error(runtime), apk_path) != NULL);
+  /* A cancelled load. */
+  CHECK_STATUS(moert_runtime_load_model_fd(runtime, fd, prefix, model_size, cancel_at_half, &calls),
+               MOERT_CANCELLED);
+  CHECK(calls >= 1);
+  CHECK_STATUS(moert_model_info(runtime, &info), MOERT_FAILED_PRECONDITION);
+
+  /* Resident, then from an expert pool in each I/O mode (the loader's reads add the
+   * offset): the reference continuation, as when loaded by path. */
+  CHECK_STATUS(moert_runtime_load_model_fd(runtime, fd, prefix, model_size, NULL, NULL), MOERT_OK);
+  CHECK(greedy_is_reference(runtime));
+  CHECK_STATUS(moert_model_info(runtime, &info), MOERT_OK);
+  CHECK(strcmp(moert_last_error(runtime), "") == 0);
+  CHECK(info.file_offset == prefix);
+  CHECK(info.architecture != NULL && info.architecture[0] != '\0');
+  CHECK(strcmp(info.backend, "CPU") == 0 && info.device != NULL);
+  CHECK(info.experts > 1 && info.experts_used >= 1 && info.experts_used <= info.experts);
+  CHECK(info.layers > 0 && info.embedding_length > 0 && info.vocab_size > 0);
+  CHECK(info.context_length == 256 && info.training_context_length >= info.context_length);
+  /* An f32 model: four bytes per parameter, and the rest is header and vocabulary. */
+  CHECK(info.parameters * 4 <= model_size && info.parameters * 4 > model_size * 9 / 10);
+  CHECK(info.load_ms > 0.0 && info.chat_template != NULL && info.name != NULL);
+  /* An expert pool needs a quantized model: the q8_0 one, embedded the same way, gives in
+   * each I/O mode what it gives when loaded by path. */
+  if (model_size > 0) {
+    int32_t by_path[32];
+    int32_t by_fd[32];
+    char path_text[1024];
+    char fd_text[1024];
+    int n_path;
+    const long q8_size = embed_model(q8_path, q8_apk_path, prefix + 5, 4096);
+    const int q8_fd = open(q8_apk_path, O_RDONLY);
+    CHECK(q8_size > 0 && q8_fd >= 0);
+    CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.3), MOERT_OK);
+    CHECK_STATUS(moert_runtime_set_hot_set(runtime, 0), MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model(runtime, q8_path, NULL, NULL), MOERT_OK);
+    n_path = greedy_ids(runtime, by_path, path_text, sizeof(path_text));
+    CHECK(n_path == 32);
+    for (m = 0; m < 3 && q8_fd >= 0; ++m) {
+      CHECK_STATUS(moert_runtime_set_io_mode(runtime, modes[m]), MOERT_OK);
+      CHECK_STATUS(moert_runtime_load_model_fd(runtime, q8_fd, prefix + 5, q8_size, NULL, NULL),
+                   MOERT_OK);
+      CHECK(greedy_ids(runtime, by_fd, fd_text, sizeof(fd_text)) == n_path);
+      CHECK(memcmp(by_fd, by_path, sizeof(by_path)) == 0 && strcmp(fd_text, path_text) == 0);
+    }
+    if (q8_fd >= 0) close(q8_fd);
+    remove(q8_apk_path);
+    CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.0), MOERT_OK);
+    CHECK_STATUS(moert_runtime_load_model_fd(runtime, fd, prefix, model_size, NULL, NULL), MOERT_OK);
+  }
+
+  /* An fd whose file has no name any more: refused with the reason. */
+  CHECK(unlink(apk_path) == 0);
+  CHECK_STATUS(moert_runtime_load_model_fd(runtime, fd, prefix, model_size, NULL, NULL),
+               MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "names no file") != NULL);
+  CHECK(greedy_is_reference(runtime)); /* the model loaded before stays */
+  close(fd);
+  moert_runtime_destroy(runtime);
+}
+
 int main(int argc, char** argv) {
   char model_path[4096];
   char vocab_path[4096];
   char missing_path[4096];
+  char q8_path[4096];
   moert_runtime_options options;
   moert_runtime* runtime = NULL;
   moert_session* session = NULL;
@@ -486,6 +658,9 @@ int main(int argc, char** argv) {
     moert_session_destroy(session);
     moert_runtime_destroy(runtime);
   }
+
+  snprintf(q8_path, sizeof(q8_path), "%s/models/tiny-moe-shakespeare-q8_0.gguf", argv[1]);
+  check_app_integration(model_path, q8_path);
 
   if (g_failures != 0) {
     fprintf(stderr, "c_api_test: %d check(s) failed\n", g_failures);
