@@ -518,6 +518,27 @@ typedef struct moert_model_details {
  * is loaded; MOERT_INVALID_ARGUMENT for a NULL argument. */
 MOERT_API moert_status moert_model_info(moert_runtime* runtime, moert_model_details* info);
 
+/* --- Repro bundles (docs/repro.md) ------------------------------------------------- */
+
+/** Repro bundles for the models loaded from now on: with `on_error` non-zero a request
+ * that fails (not one cancelled) writes one, with `on_degrade` one that ran degraded;
+ * both into `dir` (NULL or "": CACHE_DIR/repro). `max_bytes` caps a bundle's file (0:
+ * 5 MB); past it the KV cache, then the trace, are left out. Off by default.
+ * MOERT_INVALID_ARGUMENT for a negative max_bytes. */
+MOERT_API moert_status moert_runtime_set_repro(moert_runtime* runtime, int on_error,
+                                               int on_degrade, const char* dir,
+                                               int64_t max_bytes);
+
+/** Writes a repro bundle of the session now to `path` (NULL or "": a new file under the
+ * repro directory). When `written` is not NULL, the file's path goes there as snprintf
+ * writes it (at most `written_len` bytes with the NUL). MOERT_FAILED_PRECONDITION when
+ * no path is given and no repro directory is known; the error names the path when it
+ * cannot be written. moert-replay re-runs the file. */
+MOERT_API moert_status moert_session_write_repro(moert_session* session, const char* path,
+                                                 char* written, size_t written_len);
+
+/* --- End of repro bundles ---------------------------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -201,6 +201,22 @@ struct RuntimeOptions {
   // format); empty: the defaults. Read by LoadModel: a bad file fails it, naming the
   // line and what is wrong.
   std::string degrade_rules_path;
+
+  // Repro bundles (docs/repro.md): a small file with what a request looked like (the
+  // device, the model's hash, these options, the context's token ids, the router logits
+  // of the first decoded token, the first layers' KV cache, the expert pool, the last 2 s
+  // of trace events, the error) that moert-replay re-runs. Session::WriteRepro writes
+  // one on request. With repro_on_error, a request that fails (not one the caller
+  // cancelled) writes one; with repro_on_degrade, one that ran degraded; both into
+  // repro_dir (empty: CACHE_DIR/repro; none when no cache directory is known), and
+  // GenerateResult::repro_path says where. Off by default. A failed write is logged and
+  // never changes the request's outcome.
+  bool repro_on_error = false;
+  bool repro_on_degrade = false;
+  std::string repro_dir;
+  // The cap on a bundle's file, in bytes: past it the KV cache is left out, then the
+  // trace (the bundle says which). 0: the default, 5 MB.
+  int64_t repro_max_bytes = 5 << 20;
 };
 
 // A session's own settings (MoERuntime::CreateSession).
@@ -358,6 +374,9 @@ struct GenerateResult {
   // session stays degraded; degrade_reason says each degrade and why, "; "-separated.
   bool degraded = false;
   std::string degrade_reason;
+  // The repro bundle this request wrote (RuntimeOptions::repro_on_error /
+  // repro_on_degrade); empty: none.
+  std::string repro_path;
 };
 
 // Figures of the last Generate call.
@@ -485,6 +504,12 @@ class MOERT_API Session {
   const std::vector<int32_t>& context_tokens() const;
   int context_length() const;
   GenerationStats Stats() const;
+
+  // Writes a repro bundle of the session now (RuntimeOptions::repro_*; docs/repro.md) to
+  // `path`, or, when empty, to a new file under the repro directory; `written` (may be
+  // null) gets the file's path. FailedPrecondition when `path` is empty and no repro
+  // directory is known; an error naming the path when it cannot be written.
+  Status WriteRepro(const std::string& path = "", std::string* written = nullptr);
 
   class Impl;  // opaque: the library's own
 

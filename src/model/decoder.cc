@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <new>
@@ -125,6 +126,7 @@ pipeline::PooledPlacement PlacementOf(PooledExperts placement) {
 absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   GraphOptions cpu_options;
   cpu_options.ffn_input_observer = &ffn_input_observer_;
+  cpu_options.op_observer = &op_observer_;
   cpu_options.dense_fallback = &dense_fallback_;
   cpu_options.k_type = kv_types_.k;
   cpu_options.v_type = kv_types_.v;
@@ -134,8 +136,8 @@ absl::Status DecoderModel::SetUpBackend(const ModelLoadOptions& options) {
   const bool is_auto = options.backend == Backend::kAuto;
   // What a device does not run: kOpenCl says so, kAuto stays on the CPU.
   std::string cpu_only;
-  if (options.ffn_input_observer || options.route_observer) {
-    cpu_only = "FFN input and routing observers run on the CPU only";
+  if (options.ffn_input_observer || options.route_observer || options.op_observer) {
+    cpu_only = "FFN input, routing and op observers run on the CPU only";
   } else if (options.kv_type_k != backend::KvType::kF32 ||
              options.kv_type_v != backend::KvType::kF32) {
     cpu_only = StrCat("a KV cache of ", backend::KvTypeName(options.kv_type_k), " keys and ",
@@ -293,6 +295,10 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
                                        const ModelLoadOptions& options) {
   route_observer_ = options.route_observer;
   moe_services_.route_observer = &route_observer_;
+  op_observer_ = options.op_observer;
+  moe_services_.op_observer = &op_observer_;
+  last_router_logits_.assign(layers_.size(), {});
+  moe_services_.last_router_logits = &last_router_logits_;
   if (!spec_.is_moe() || options.reference_routing) return absl::OkStatus();
   MOERT_RETURN_IF_ERROR(router::Router::Validate(options.router));
   if (!(options.resource_monitor.thermal_limit_c >= 0)) {
@@ -551,6 +557,38 @@ MemoryStats DecoderModel::memory_stats() const {
     stats.prefetcher = prefetcher_->stats();
   }
   return stats;
+}
+
+std::string DecoderModel::pool_state() const {
+  if (expert_cache_ == nullptr) return "";
+  const experts::ExpertCacheStats st = expert_cache_->stats();
+  std::string out = StrCat("pool_bytes=", st.pool_bytes, "\nblock_bytes=", st.block_bytes,
+                           "\nused_bytes=", st.used_bytes, "\nfree_bytes=", st.free_bytes,
+                           "\nlargest_free_block=", st.largest_free_block,
+                           "\nfragmentation=", st.fragmentation,
+                           "\nresident_experts=", st.resident_experts,
+                           "\npinned_experts=", st.pinned_experts, "\nhits=", st.hits,
+                           "\nmisses=", st.misses, "\nevictions=", st.evictions, "\n");
+  const experts::ExpertDirectory& dir = expert_cache_->directory();
+  // Per layer: the residency bitmap (64-bit words, hex, expert 0 the lowest bit of the
+  // first) and the live blocks (expert@offset), which are the buddy allocator's.
+  for (int l = 0; l < dir.n_layer(); ++l) {
+    if (!dir.has_layer(l)) continue;
+    std::string words, blocks;
+    for (uint64_t w : expert_cache_->residency(l)) {
+      char hex[20];
+      std::snprintf(hex, sizeof(hex), "%s%016llx", words.empty() ? "" : ",",
+                    static_cast<unsigned long long>(w));
+      words += hex;
+    }
+    for (int e = 0; e < dir.n_expert(); ++e) {
+      if (const std::optional<uint64_t> at = expert_cache_->BlockOffset(l, e)) {
+        blocks += StrCat(blocks.empty() ? "" : ",", e, "@", *at);
+      }
+    }
+    out += StrCat("layer", l, "_resident=", words, "\nlayer", l, "_blocks=", blocks, "\n");
+  }
+  return out;
 }
 
 absl::Status DecoderModel::SaveHotSet() {

@@ -71,6 +71,10 @@ class DecoderModel final : public Model {
   MemoryStats memory_stats() const override;
   BackendStats backend_stats() const override;
   absl::Status SaveHotSet() override;
+  std::vector<std::vector<float>> last_router_logits() const override {
+    return last_router_logits_;
+  }
+  std::string pool_state() const override;
   router::Router* router() override { return router_.get(); }
   absl::Status SetPrefetch(bool enabled, int depth) override;
   void CancelPendingLoads() override;
@@ -140,6 +144,9 @@ class DecoderModel final : public Model {
   std::unique_ptr<router::ResourceMonitor> monitor_;
   std::unique_ptr<router::Router> router_;
   std::function<void(int, int64_t, int, const int*, const float*)> route_observer_;
+  pipeline::OpObserver op_observer_;  // ModelLoadOptions::op_observer
+  // Per layer, the router logits of the last routed row (MoeServices::last_router_logits).
+  std::vector<std::vector<float>> last_router_logits_;
   // With an expert pool and ModelLoadOptions::prefetch (null otherwise).
   std::unique_ptr<pipeline::Prefetcher> prefetcher_;
   // What the MoE blocks share (the graphs' schedulers read it at every call).

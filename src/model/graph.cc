@@ -199,6 +199,7 @@ absl::Status LayerGraph::RunLayer(int il, int64_t n, int64_t pos0, TensorRef x) 
   MOERT_ASSIGN_OR_RETURN(TensorRef out, Scratch(kOut, static_cast<size_t>(n * e) * 4));
   MOERT_RETURN_IF_ERROR(b_.RmsNorm(x, n, e, TensorRef(l.attn_norm), spec.rms_eps, cur));
   MOERT_RETURN_IF_ERROR(RunAttention(il, n, pos0, cur, out));
+  Observe(il, pipeline::ObservedOp::kAttention, out, n, e);
   MOERT_RETURN_IF_ERROR(b_.Add(x, out, n * e));
   MOERT_RETURN_IF_ERROR(b_.RmsNorm(x, n, e, TensorRef(l.ffn_norm), spec.rms_eps, cur));
   if (options_.ffn_input_observer != nullptr && *options_.ffn_input_observer &&
@@ -215,7 +216,16 @@ absl::Status LayerGraph::RunLayer(int il, int64_t n, int64_t pos0, TensorRef x) 
   } else {
     MOERT_RETURN_IF_ERROR(moe_.Run(il, cur, n, out));
   }
+  Observe(il, pipeline::ObservedOp::kFfn, out, n, e);
   return b_.Add(x, out, n * e);
+}
+
+void LayerGraph::Observe(int il, pipeline::ObservedOp op, TensorRef t, int64_t n, int64_t width) {
+  const pipeline::OpObserver* observer = options_.op_observer;
+  if (observer == nullptr || !*observer || !b_.host_memory()) return;
+  // The CPU backend's ops are done when they return; Finish is a no-op there.
+  (void)b_.Finish();
+  observer->fn({il, op, -1, -1, n, width, reinterpret_cast<float*>(t.buffer->host() + t.offset)});
 }
 
 absl::Status LayerGraph::RunAttention(int il, int64_t n, int64_t pos0, TensorRef cur,

@@ -91,6 +91,10 @@ struct GraphOptions {
   // instead of the router and the routed experts (a shared expert still adds); the
   // model sets it between batches. Null: never.
   const bool* dense_fallback = nullptr;
+  // Sees each layer's attention and FFN outputs (pipeline/op_observer.h; the MoE
+  // scheduler shows the router's and the experts' through MoeServices). Null or empty:
+  // none.
+  const pipeline::OpObserver* op_observer = nullptr;
 };
 
 class LayerGraph {
@@ -133,6 +137,8 @@ class LayerGraph {
   backend::TensorRef Keys(int il, int64_t pos) const;
   backend::TensorRef Values(int il, int64_t pos) const;
   absl::StatusOr<backend::TensorRef> Scratch(int slot, size_t bytes);
+  // Shows `t` (n rows of `width`) to the op observer, when there is one and it can.
+  void Observe(int il, pipeline::ObservedOp op, backend::TensorRef t, int64_t n, int64_t width);
 
   backend::Backend& b_;
   ModelWeights w_;

@@ -117,6 +117,26 @@ void DecoderKvCache::Release() {
   if (map_ != nullptr) madvise(map_, map_bytes_, MADV_DONTNEED);
 }
 
+absl::Status DecoderKvCache::ReadF32(int layer, int positions, std::vector<float>* keys,
+                                     std::vector<float>* values, int64_t* key_width,
+                                     int64_t* value_width) const {
+  if (key_rows_.empty()) {
+    return absl::UnimplementedError(StrCat("a KV cache of ", backend::KvTypeName(types_.k), " keys and ",
+                                           backend::KvTypeName(types_.v), " values is not f32"));
+  }
+  if (layer < 0 || layer >= n_layer_ || positions < 0 || positions > size_) {
+    return absl::OutOfRangeError(StrCat("KV cache: layer ", layer, " positions ", positions, " of ",
+                                        n_layer_, " layers and ", size_, " positions"));
+  }
+  const float* k = key_rows_[static_cast<size_t>(layer)];
+  const float* v = value_rows_[static_cast<size_t>(layer)];
+  keys->assign(k, k + int64_t{positions} * k_width_);
+  values->assign(v, v + int64_t{positions} * v_width_);
+  *key_width = k_width_;
+  *value_width = v_width_;
+  return absl::OkStatus();
+}
+
 bool DecoderKvCache::Fits(const format::ModelSpec& spec, KvTypes types) const {
   return n_layer_ == static_cast<int>(spec.n_layer) && k_width_ == KeyWidth(spec) &&
          v_width_ == ValueWidth(spec) && types_.k == types.k && types_.v == types.v;

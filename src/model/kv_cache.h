@@ -52,6 +52,9 @@ class DecoderKvCache final : public KvCache {
   void Truncate(int n) override;
   void Release() override;
   uint64_t bytes() const override { return bytes_; }
+  absl::Status ReadF32(int layer, int positions, std::vector<float>* keys,
+                       std::vector<float>* values, int64_t* key_width,
+                       int64_t* value_width) const override;
 
   bool Fits(const format::ModelSpec& spec, KvTypes types) const;
   void set_size(int n) { size_ = n; }

@@ -24,6 +24,7 @@
 #include "format/model_spec.h"
 #include "kernels/config.h"
 #include "memory/budget.h"
+#include "pipeline/op_observer.h"
 #include "pipeline/prefetcher.h"
 #include "router/resource_monitor.h"
 #include "router/router.h"
@@ -45,6 +46,15 @@ class KvCache {
   virtual void Release() { Truncate(0); }
   // The memory budget's bytes for this cache (its full capacity).
   virtual uint64_t bytes() const { return 0; }
+  // Repro bundles: layer `layer`'s keys and values of positions [0, positions) as f32
+  // ([position][width]), their widths in *key_width / *value_width. Unimplemented for a
+  // cache that does not hold f32 (a f16 or q8_0 cache), OutOfRange past size().
+  virtual absl::Status ReadF32(int layer, int positions, std::vector<float>* keys,
+                               std::vector<float>* values, int64_t* key_width,
+                               int64_t* value_width) const {
+    (void)layer, (void)positions, (void)keys, (void)values, (void)key_width, (void)value_width;
+    return absl::UnimplementedError("this KV cache cannot be read back");
+  }
 };
 
 // Where a model's forward pass runs (issue 8).
@@ -179,6 +189,9 @@ struct ModelLoadOptions {
   // Called with every MoE layer's routing (tests); may be empty.
   std::function<void(int layer, int64_t n, int slots, const int* experts, const float* weights)>
       route_observer;
+  // Sees each op's output, and may change it (moert-replay; pipeline/op_observer.h).
+  // CPU only, like the observers above; with `experts` the MoE blocks run pair by pair.
+  pipeline::OpObserver op_observer;
 
   // --- Backend. ffn_input_observer / route_observer run only on the CPU path (set:
   // kAuto stays on the CPU, kOpenCl is Unimplemented). kAuto falls back to the CPU for
@@ -368,6 +381,12 @@ class Model {
   // Writes the hot set (the most used experts, as many as the pool holds) when the
   // model has a pool and was loaded with hot_set; OK and nothing written otherwise.
   virtual absl::Status SaveHotSet() { return absl::OkStatus(); }
+  // Repro bundles: per layer, the router's gate logits of the last row the last Forward
+  // routed on the host (an empty row: a dense layer, or routed on a device).
+  virtual std::vector<std::vector<float>> last_router_logits() const { return {}; }
+  // Repro bundles: the expert pool's state as key=value lines (its figures, each layer's
+  // residency bitmap, the buddy allocator's live blocks); empty without a pool.
+  virtual std::string pool_state() const { return ""; }
 };
 
 }  // namespace moert::model

@@ -206,7 +206,13 @@ absl::Status MoeScheduler::Run(int layer, TensorRef x, int64_t n, TensorRef out)
   Route route;
   TensorRef experts, weights;
   MOERT_RETURN_IF_ERROR(RouteBatch(layer, x, n, on_host, &route, &experts, &weights));
-  MOERT_RETURN_IF_ERROR(RunRouted(layer, x, n, route, experts, weights, out));
+  const OpObserver* observer = services_->op_observer;
+  if (observer != nullptr && *observer && observer->experts && b_.host_memory() &&
+      !layers_[layer].pooled) {
+    MOERT_RETURN_IF_ERROR(RunObserved(layer, x, n, route, out));
+  } else {
+    MOERT_RETURN_IF_ERROR(RunRouted(layer, x, n, route, experts, weights, out));
+  }
   if (host_layers_[layer]->shared.empty()) return absl::OkStatus();
   return RunShared(layer, x, n, out);
 }
@@ -235,6 +241,16 @@ absl::Status MoeScheduler::RouteBatch(int layer, TensorRef x, int64_t n, bool on
     return read_back.data();
   };
   MOERT_ASSIGN_OR_RETURN(const float* lp, host_floats(logits, static_cast<size_t>(n * n_expert)));
+  if (services_->last_router_logits != nullptr &&
+      static_cast<size_t>(layer) < services_->last_router_logits->size()) {
+    (*services_->last_router_logits)[static_cast<size_t>(layer)].assign(
+        lp + (n - 1) * n_expert, lp + n * n_expert);
+  }
+  if (const OpObserver* observer = services_->op_observer;
+      observer != nullptr && *observer && b_.host_memory()) {
+    // Host memory: lp is the logits' own buffer, so a change is routed on.
+    observer->fn({layer, ObservedOp::kRouter, -1, -1, n, n_expert, const_cast<float*>(lp)});
+  }
   router::Router* router = services_->router;
   const int k = router != nullptr ? router->slots(w.n_used) : w.n_used;
   route->k = k;
@@ -647,6 +663,58 @@ absl::Status MoeScheduler::RunOnHost(int layer, TensorRef x, int64_t n, const Ro
   MOERT_RETURN_IF_ERROR(host_->b_.Write(hw, route.weights.data(), route.weights.size() * 4));
   MOERT_RETURN_IF_ERROR(host_->RunRouted(layer, hx, n, route, he, hw, hout));
   return b_.Write(out, hout.buffer->host() + hout.offset, bytes);
+}
+
+absl::Status MoeScheduler::RunObserved(int layer, TensorRef x, int64_t n, const Route& route,
+                                       TensorRef out) {
+  const Layer& l = layers_[layer];
+  const OpObserver& observer = *services_->op_observer;
+  const int64_t n_embd = l.gate->cols(), ff = l.gate->rows();
+  MOERT_ASSIGN_OR_RETURN(TensorRef g, Scratch(kGate, static_cast<size_t>(ff) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef u, Scratch(kUp, static_cast<size_t>(ff) * 4));
+  MOERT_ASSIGN_OR_RETURN(TensorRef dn, Scratch(kDown, static_cast<size_t>(n_embd) * 4));
+  const auto host = [](TensorRef t) { return reinterpret_cast<float*>(t.buffer->host() + t.offset); };
+  float* o = host(out);
+  std::fill(o, o + n * n_embd, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    const TensorRef xt = x.At(static_cast<size_t>(t * n_embd) * 4);
+    for (int s = 0; s < route.k; ++s) {
+      const size_t pair = static_cast<size_t>(t * route.k + s);
+      const int e = route.chosen[pair];
+      if (e < 0) continue;
+      const backend::MatMulArgs jobs[2] = {{l.gate.get(), e, xt, 1, g}, {l.up.get(), e, xt, 1, u}};
+      MOERT_RETURN_IF_ERROR(b_.MatMuls(jobs));
+      MOERT_RETURN_IF_ERROR(b_.Finish());
+      observer.fn({layer, ObservedOp::kExpertGate, e, t, 1, ff, host(g)});
+      observer.fn({layer, ObservedOp::kExpertUp, e, t, 1, ff, host(u)});
+      MOERT_RETURN_IF_ERROR(b_.SiluMul(g, u, ff));
+      MOERT_RETURN_IF_ERROR(b_.MatMul(*l.down, e, g, 1, dn));
+      MOERT_RETURN_IF_ERROR(b_.Finish());
+      float* d = host(dn);
+      observer.fn({layer, ObservedOp::kExpertDown, e, t, 1, n_embd, d});
+      const float w = route.weights[pair];
+      for (int64_t i = 0; i < n_embd; ++i) o[t * n_embd + i] += w * d[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* ObservedOpName(ObservedOp op) {
+  switch (op) {
+    case ObservedOp::kAttention:
+      return "attention";
+    case ObservedOp::kRouter:
+      return "router";
+    case ObservedOp::kExpertGate:
+      return "gate";
+    case ObservedOp::kExpertUp:
+      return "up";
+    case ObservedOp::kExpertDown:
+      return "down";
+    case ObservedOp::kFfn:
+      return "ffn";
+  }
+  return "?";
 }
 
 absl::Status MoeScheduler::AddSharedExpert(int layer, TensorRef x, int64_t n, TensorRef out) {

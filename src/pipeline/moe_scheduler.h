@@ -30,6 +30,7 @@
 #include "backend/matrix.h"
 #include "backend/scratch.h"
 #include "experts/expert_cache.h"
+#include "pipeline/op_observer.h"
 #include "pipeline/prefetcher.h"
 #include "router/router.h"
 
@@ -79,6 +80,12 @@ struct MoeServices {
                            const float* weights)>* route_observer = nullptr;
   // Per layer, where the time to route a batch is observed (null: not observed).
   std::vector<telemetry::Histogram*> router_latency;
+  // Per layer, the gate logits of the last row of the last batch routed on the host (a
+  // repro bundle's router logits); null: not kept.
+  std::vector<std::vector<float>>* last_router_logits = nullptr;
+  // Sees the router's logits and, with `experts`, each expert's projections (on a
+  // backend sharing the host's memory; pipeline/op_observer.h); null or empty: none.
+  const OpObserver* op_observer = nullptr;
 };
 
 // Where a pooled model's experts ran on a device backend.
@@ -163,6 +170,10 @@ class MoeScheduler {
   // This batch's routed experts on the host scheduler: x read back, out written.
   absl::Status RunOnHost(int layer, backend::TensorRef x, int64_t n, const Route& route,
                          backend::TensorRef out);
+  // The routed experts pair by pair, each projection shown to the op observer (its
+  // `experts` mode; resident experts on a host-memory backend).
+  absl::Status RunObserved(int layer, backend::TensorRef x, int64_t n, const Route& route,
+                           backend::TensorRef out);
   absl::Status RunShared(int layer, backend::TensorRef x, int64_t n, backend::TensorRef out);
   // The pooled experts [first, last) of `distinct` as one subset: their pairs' outputs
   // into `pair_rows` (rows after *rows_used), `row_of_pair` set for those pairs.

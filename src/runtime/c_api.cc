@@ -682,7 +682,6 @@ moert_status moert_trace_write(const char* path) {
   }
 }
 
-
 // ---- App integration (Android, JNI): the ABI check, loading from an fd, model facts ----
 
 int32_t moert_abi_version(void) { return MOERT_ABI_VERSION; }
@@ -746,6 +745,36 @@ moert_status moert_model_info(moert_runtime* runtime, moert_model_details* info)
     info->file_offset = m.file_offset;
     info->load_ms = m.load_ms;
     runtime->last_error.clear();
+    return MOERT_OK;
+  });
+}
+
+// --- Repro bundles (docs/repro.md) ---------------------------------------------------
+
+moert_status moert_runtime_set_repro(moert_runtime* runtime, int on_error, int on_degrade,
+                                     const char* dir, int64_t max_bytes) {
+  return SetOption(runtime, "moert_runtime_set_repro", [&](moert::RuntimeOptions& o) {
+    o.repro_on_error = on_error != 0;
+    o.repro_on_degrade = on_degrade != 0;
+    o.repro_dir = dir != nullptr ? dir : "";
+    o.repro_max_bytes = max_bytes;
+  });
+}
+
+moert_status moert_session_write_repro(moert_session* session, const char* path, char* written,
+                                       size_t written_len) {
+  constexpr char kName[] = "moert_session_write_repro";
+  if (session == nullptr) return NullArgument(nullptr, kName, "session");
+  return Guard(&session->last_error, kName, [&]() -> moert_status {
+    std::string target;
+    const moert::Status status = session->session->WriteRepro(path != nullptr ? path : "", &target);
+    if (!status.ok()) return Report(&session->last_error, status);
+    if (written != nullptr && written_len > 0) {
+      const size_t n = std::min(target.size(), written_len - 1);
+      std::memcpy(written, target.data(), n);
+      written[n] = '\0';
+    }
+    session->last_error.clear();
     return MOERT_OK;
   });
 }

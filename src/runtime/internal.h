@@ -21,6 +21,7 @@
 #include "pipeline/degrade_policy.h"
 #include "runtime/degrade_actions.h"
 #include "runtime/inference_guard.h"
+#include "runtime/repro.h"
 #include "runtime/vision.h"
 #include "telemetry/platform.h"
 #include "telemetry/runtime_metrics.h"
@@ -89,6 +90,8 @@ struct LoadedModel {
   // The lasting degrades sessions applied to the model (ModelActuator); under
   // forward_mutex.
   std::vector<std::string> degrades_in_force;
+  // Repro bundles: the options and model figures they record, where they go.
+  ReproSettings repro;
 };
 
 // MoERuntime::TrimMemory's work on one model: caps the expert pool (applied now when no
@@ -111,6 +114,10 @@ struct DecodedImage {
   vision::RgbImage pixels;
   uint64_t digest = 0;
 };
+
+// The library's names for the public enums.
+experts::IoMode ToExpertsIoMode(IoMode mode);
+model::Backend ToModelBackend(Backend backend);
 
 // "chatml", "llama2", "llama3", "plain".
 const char* ChatTemplateName(model::ChatTemplateKind kind);
@@ -154,6 +161,8 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int context_length() const { return cache_->capacity(); }
   const GenerationStats& stats() const { return stats_; }
+  // Session::WriteRepro.
+  Status WriteRepro(const std::string& path, std::string* written);
 
  private:
   struct Prompt;  // the context a request asks for (session.cc)
@@ -236,6 +245,14 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   int64_t step_ = 0;
   std::vector<std::string> degrades_;
   telemetry::GenerationMetrics metrics_;
+
+  // Repro bundles (runtime/repro.h): the router logits of this request's first decoded
+  // token (first_decode_seen_: taken), and the bundle of `trigger` written to `path`
+  // (empty: a new file under the repro directory).
+  bool first_decode_seen_ = false;
+  std::vector<std::vector<float>> first_decode_router_logits_;
+  absl::StatusOr<std::string> WriteReproBundle(const std::string& trigger, const std::string& error,
+                                               const std::string& path);
 };
 
 }  // namespace moert

@@ -30,6 +30,7 @@
 #include "model/model.h"
 #include "pipeline/degrade_policy.h"
 #include "runtime/internal.h"
+#include "runtime/repro.h"
 #include "telemetry/platform.h"
 #include "telemetry/runtime_metrics.h"
 #include "telemetry/trace.h"
@@ -37,6 +38,24 @@
 
 namespace moert {
 namespace runtime {
+
+experts::IoMode ToExpertsIoMode(IoMode mode) {
+  switch (mode) {
+    case IoMode::kDirect:
+      return experts::IoMode::kDirect;
+    case IoMode::kBuffered:
+      return experts::IoMode::kBuffered;
+    case IoMode::kMmap:
+      return experts::IoMode::kMmap;
+  }
+  return experts::IoMode::kDirect;
+}
+
+model::Backend ToModelBackend(Backend backend) {
+  return backend == Backend::kOpenCl ? model::Backend::kOpenCl
+         : backend == Backend::kAuto ? model::Backend::kAuto
+                                     : model::Backend::kCpu;
+}
 
 const char* ChatTemplateName(model::ChatTemplateKind kind) {
   switch (kind) {
@@ -92,17 +111,6 @@ class ProgressReporter {
   std::atomic<bool> cancel_{false};
 };
 
-experts::IoMode ToExpertsIoMode(IoMode mode) {
-  switch (mode) {
-    case IoMode::kDirect:
-      return experts::IoMode::kDirect;
-    case IoMode::kBuffered:
-      return experts::IoMode::kBuffered;
-    case IoMode::kMmap:
-      return experts::IoMode::kMmap;
-  }
-  return experts::IoMode::kDirect;
-}
 
 absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
                                                   const RuntimeOptions& options,
@@ -161,9 +169,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
   load_options.expert_cache.loader.wait_deadline_ms =
       static_cast<uint32_t>(options.loader_wait_deadline_ms);  // checked by CheckOptions
   load_options.prefetch_depth = options.prefetch_depth;
-  load_options.backend = options.backend == Backend::kOpenCl ? model::Backend::kOpenCl
-                         : options.backend == Backend::kAuto ? model::Backend::kAuto
-                                                             : model::Backend::kCpu;
+  load_options.backend = ToModelBackend(options.backend);
   // The budget sets the KV cache aside for the context sessions will get (0: what fits).
   load_options.kv_cache_positions = options.context_length;
   load_options.metrics = metrics;
@@ -223,6 +229,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
   info.locked_bytes = static_cast<int64_t>(memory.locked_bytes);
   info.hot_set_path = memory.hot_set_path;
   info.lock_note = memory.lock_error;
+  loaded->repro = MakeReproSettings(options, info);
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   reporter.Done();
@@ -364,6 +371,10 @@ Status CheckOptions(RuntimeOptions* options) {
                     StrCat(type == &options->cache_type_k ? "cache_type_k" : "cache_type_v", ": ",
                            parsed.status().message()));
     }
+  }
+  if (options->repro_max_bytes < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("repro_max_bytes must be >= 0 (0: 5 MB), got ", options->repro_max_bytes));
   }
   if (options->loader_wait_deadline_ms < 1) {
     return Status(StatusCode::kInvalidArgument,

@@ -381,7 +381,13 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
   const auto attempt = [&] {
     std::lock_guard<std::mutex> lock(model_->forward_mutex);
     evaluated_tokens_ += static_cast<int64_t>(tokens.size());
-    return model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
+    absl::Status status = model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
+    if (status.ok() && tokens.size() == 1 && !first_decode_seen_) {
+      // The first decoded token's routing, for a repro bundle.
+      first_decode_seen_ = true;
+      first_decode_router_logits_ = model_->model->last_router_logits();
+    }
+    return status;
   };
   ++step_;
   MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
@@ -700,6 +706,8 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
   stats_ = GenerationStats();
   evaluated_tokens_ = 0;
   degrades_.clear();
+  first_decode_seen_ = false;
+  first_decode_router_logits_.clear();
   metrics_.requests.Increment();
   const telemetry::Registry& registry = *model_->metrics;
   const auto before = telemetry::GenerationSnapshot::Read(registry);
@@ -767,7 +775,63 @@ Status Session::Impl::Generate(const GenerateRequest& request, const TokenCallba
       stats_.expert_stall_ms_per_token = (now.stall_seconds - before.stall_seconds) * 1e3 / tokens;
     }
   }
+  // Repro bundles of a failed or degraded request (never one the caller cancelled).
+  const runtime::ReproSettings& repro = model_->repro;
+  const char* trigger = nullptr;
+  if (!status.ok() && !absl::IsCancelled(status) && repro.on_error) {
+    trigger = "error";
+  } else if (out->degraded && repro.on_degrade) {
+    trigger = "degrade";
+  }
+  if (trigger != nullptr) {
+    const std::string why = status.ok() ? out->degrade_reason : status.ToString();
+    if (absl::StatusOr<std::string> path = WriteReproBundle(trigger, why, ""); path.ok()) {
+      out->repro_path = *path;
+    } else {
+      telemetry::Log(telemetry::LogLevel::kWarning,
+                     StrCat("the repro bundle was not written: ", path.status().message()));
+    }
+  }
   return runtime::FromAbsl(status);
+}
+
+absl::StatusOr<std::string> Session::Impl::WriteReproBundle(const std::string& trigger,
+                                                            const std::string& error,
+                                                            const std::string& path) {
+  const runtime::ReproSettings& repro = model_->repro;
+  std::string target = path;
+  if (target.empty()) {
+    if (repro.dir.empty()) {
+      return absl::FailedPreconditionError(
+          "no repro directory: set RuntimeOptions::repro_dir or cache_dir, or give a path");
+    }
+    target = runtime::ReproPath(repro.dir, trigger);
+  }
+  telemetry::ReproBundle bundle;
+  {
+    std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    runtime::ReproCapture capture;
+    capture.trigger = trigger;
+    capture.error = error;
+    capture.tokens = tokens_;
+    capture.cache = cache_.get();
+    capture.router_logits = &first_decode_router_logits_;
+    bundle = runtime::BuildReproBundle(repro, *model_->model, capture);
+  }
+  MOERT_ASSIGN_OR_RETURN(const std::vector<std::string> dropped,
+                         telemetry::WriteReproBundle(target, bundle, repro.max_bytes));
+  telemetry::Log(telemetry::LogLevel::kInfo,
+                 StrCat("repro bundle (", trigger, ") written to ", target,
+                        dropped.empty() ? std::string() : StrCat(", without ", StrJoin(dropped, ", "))));
+  return target;
+}
+
+Status Session::Impl::WriteRepro(const std::string& path, std::string* written) {
+  std::lock_guard<std::mutex> busy(busy_);
+  absl::StatusOr<std::string> target = WriteReproBundle("request", "", path);
+  if (!target.ok()) return runtime::FromAbsl(target.status());
+  if (written != nullptr) *written = *target;
+  return Status();
 }
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -796,5 +860,8 @@ const std::vector<Message>& Session::history() const { return impl_->history(); 
 const std::vector<int32_t>& Session::context_tokens() const { return impl_->tokens(); }
 int Session::context_length() const { return impl_->context_length(); }
 GenerationStats Session::Stats() const { return impl_->stats(); }
+Status Session::WriteRepro(const std::string& path, std::string* written) {
+  return impl_->WriteRepro(path, written);
+}
 
 }  // namespace moert

@@ -3,6 +3,7 @@ list(APPEND MOERT_SOURCES
   runtime/version.cc
   runtime/status.cc
   runtime/runtime.cc
+  runtime/repro.cc
   runtime/session.cc
   runtime/degrade_actions.cc
   runtime/inference_guard.cc

@@ -4,4 +4,5 @@ list(APPEND MOERT_SOURCES
   telemetry/platform.cc
   telemetry/trace.cc
   telemetry/runtime_metrics.cc
+  telemetry/repro_bundle.cc
 )

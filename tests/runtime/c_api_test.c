@@ -268,6 +268,65 @@ static void check_app_integration(const char* model_path, const char* q8_path) {
   moert_runtime_destroy(runtime);
 }
 
+
+/* --- Repro bundles: moert_runtime_set_repro, moert_session_write_repro. ------------ */
+
+/* A file's first 8 bytes are a repro bundle's magic. */
+static int is_repro_bundle(const char* path) {
+  char magic[8] = {0};
+  FILE* f = fopen(path, "rb");
+  size_t n = 0;
+  if (f == NULL) return 0;
+  n = fread(magic, 1, sizeof(magic), f);
+  fclose(f);
+  return n == sizeof(magic) && memcmp(magic, "MOERTRPB", 8) == 0;
+}
+
+static void check_repro(const char* model_path) {
+  moert_runtime* runtime = NULL;
+  moert_session* session = NULL;
+  moert_generate_params params;
+  char dir[256];
+  char path[512];
+  char written[512];
+  snprintf(dir, sizeof(dir), "/tmp/moert-c-api-repro-%ld", (long)getpid());
+  snprintf(path, sizeof(path), "%s/asked.moert-repro", dir);
+  CHECK_STATUS(moert_runtime_create(NULL, &runtime), MOERT_OK);
+  if (runtime == NULL) return;
+  CHECK_STATUS(moert_runtime_set_repro(NULL, 1, 1, dir, 0), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_set_repro(runtime, 1, 1, dir, -1), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "repro_max_bytes") != NULL);
+  CHECK_STATUS(moert_runtime_set_repro(runtime, 0, 0, dir, 0), MOERT_OK);
+  CHECK_STATUS(moert_runtime_load_model(runtime, model_path, NULL, NULL), MOERT_OK);
+  CHECK_STATUS(moert_session_create(runtime, &session), MOERT_OK);
+  if (session != NULL) {
+    moert_generate_params_default(&params);
+    params.prompt = "ROMEO:";
+    params.max_tokens = 4;
+    params.sampler.temperature = 0.0f;
+    CHECK_STATUS(moert_session_generate(session, &params, NULL, NULL), MOERT_OK);
+    CHECK_STATUS(moert_session_write_repro(NULL, path, NULL, 0), MOERT_INVALID_ARGUMENT);
+    /* To a path of the caller's, and to a new file under the repro directory. */
+    CHECK_STATUS(moert_session_write_repro(session, path, written, sizeof(written)), MOERT_OK);
+    CHECK(strcmp(written, path) == 0);
+    CHECK(is_repro_bundle(path));
+    CHECK_STATUS(moert_session_write_repro(session, NULL, written, sizeof(written)), MOERT_OK);
+    CHECK(strncmp(written, dir, strlen(dir)) == 0 && strstr(written, "-request.moert-repro") != NULL);
+    CHECK(is_repro_bundle(written));
+    remove(written);
+    /* A short buffer gets the path's start, NUL-terminated. */
+    CHECK_STATUS(moert_session_write_repro(session, path, written, 5), MOERT_OK);
+    CHECK(strlen(written) == 4 && strncmp(written, path, 4) == 0);
+    CHECK(moert_session_write_repro(session, "/proc/no/such/dir/x.moert-repro", NULL, 0) !=
+          MOERT_OK);
+    CHECK(strstr(moert_session_last_error(session), "/proc/no/such/dir") != NULL);
+    remove(path);
+    moert_session_destroy(session);
+  }
+  rmdir(dir);
+  moert_runtime_destroy(runtime);
+}
+
 int main(int argc, char** argv) {
   char model_path[4096];
   char vocab_path[4096];
@@ -661,6 +720,8 @@ int main(int argc, char** argv) {
 
   snprintf(q8_path, sizeof(q8_path), "%s/models/tiny-moe-shakespeare-q8_0.gguf", argv[1]);
   check_app_integration(model_path, q8_path);
+
+  check_repro(model_path);
 
   if (g_failures != 0) {
     fprintf(stderr, "c_api_test: %d check(s) failed\n", g_failures);
