@@ -24,6 +24,12 @@ class ModelMetrics {
   // The figures after a step that evaluated `tokens` tokens: the stall per token is the
   // pool's stall since the previous Read over `tokens` (unknown at the first Read).
   const pipeline::MetricSource& Read(int64_t tokens);
+  // An expert hot update swapped the model (MoERuntime::ApplyUpdate): read that one from
+  // now on, starting the stall count again.
+  void Rebind(model::Model* model) {
+    model_ = model;
+    have_stall_ = false;
+  }
 
  private:
   model::Model* model_;
@@ -49,6 +55,8 @@ class ModelActuator final : public pipeline::DegradeActuator {
   absl::Status Apply(pipeline::DegradeAction action) override;
   // The model runs on a device now (an Unavailable is then a lost device).
   bool on_device() const;
+  // An expert hot update swapped the model: act on that one from now on.
+  void Rebind(model::Model* model) { model_ = model; }
 
  private:
   absl::Status ApplyOnce(pipeline::DegradeAction action);

@@ -2,6 +2,7 @@
 list(APPEND MOERT_SOURCES
   runtime/version.cc
   runtime/status.cc
+  runtime/update.cc
   runtime/runtime.cc
   runtime/session.cc
   runtime/degrade_actions.cc
