@@ -537,7 +537,25 @@ MOERT_API moert_status moert_runtime_set_repro(moert_runtime* runtime, int on_er
 MOERT_API moert_status moert_session_write_repro(moert_session* session, const char* path,
                                                  char* written, size_t written_len);
 
-/* --- End of repro bundles ---------------------------------------------------------- */
+/* --- Expert hot updates (docs/updates.md) ------------------------------------------ */
+
+/** Sets the Ed25519 public key delta packages must be signed with: 64 hex digits, the
+ * text of `moert-delta keygen`'s NAME.pub (a trailing newline is allowed); NULL or ""
+ * clears it (every package is then refused). MOERT_INVALID_ARGUMENT for anything else.
+ * Applies to the next moert_runtime_apply_update. */
+MOERT_API moert_status moert_runtime_set_update_key(moert_runtime* runtime, const char* public_key_hex);
+
+/** Applies the delta package at `package_path` (`moert-delta make`) to the loaded model
+ * while it keeps answering: checks the signature and that the model file is the
+ * package's base, writes the new model file crash-safely over the old one, loads it and
+ * swaps it in between steps (a step in flight finishes on the old weights; each
+ * session's next step runs on the new ones). May be called from any thread, also while
+ * sessions generate. On a refusal the model and its file stay as they were and
+ * moert_last_error() names the reason: MOERT_FAILED_PRECONDITION (no model, no key, a
+ * package of another base or one already applied, another update running),
+ * MOERT_PERMISSION_DENIED (a bad signature), MOERT_DATA_LOSS (a truncated package, a
+ * delta that decodes to the wrong checksum), MOERT_RESOURCE_EXHAUSTED (a full disk). */
+MOERT_API moert_status moert_runtime_apply_update(moert_runtime* runtime, const char* package_path);
 
 #ifdef __cplusplus
 }

@@ -217,6 +217,11 @@ struct RuntimeOptions {
   // The cap on a bundle's file, in bytes: past it the KV cache is left out, then the
   // trace (the bundle says which). 0: the default, 5 MB.
   int64_t repro_max_bytes = 5 << 20;
+
+  // --- Expert hot updates (MoERuntime::ApplyUpdate, docs/updates.md).
+  // The Ed25519 public key delta packages must be signed with: 64 hex digits (the text
+  // of moert-delta keygen's NAME.pub). Empty: ApplyUpdate refuses every package.
+  std::string update_public_key;
 };
 
 // A session's own settings (MoERuntime::CreateSession).
@@ -591,6 +596,21 @@ class MOERT_API MoERuntime {
   // forbid reading /sys/class/thermal), for RuntimeOptions::thermal_limit_c; NaN: back
   // to reading sysfs. Applies to the loaded model and to those loaded later. Any thread.
   void SetTemperature(float celsius);
+
+  // --- Expert hot update (docs/updates.md). Applies the delta package at `package_path`
+  // (moert-delta make) to the loaded model while it keeps answering: checks the
+  // signature against RuntimeOptions::update_public_key and that the model file is the
+  // package's base, writes the new model file crash-safely over the old one (write
+  // new, fsync, rename, fsync the folder), loads it, and swaps it in between steps:
+  // a step in flight finishes on the old weights, every session's next step runs on the
+  // new ones (its context evaluated again on them first), and the old weights are freed
+  // when the last session has moved off them. No step ever mixes the two.
+  // Refusals name their reason and leave the model and its file as they were:
+  // FailedPrecondition without a model or key, for a package of another base (or one
+  // already applied), or while another update runs; PermissionDenied for a bad
+  // signature; DataLoss for a truncated package or a delta that decodes to the wrong
+  // checksum; ResourceExhausted for a full disk. Any thread.
+  Status ApplyUpdate(const std::string& package_path);
 
  private:
   struct Impl;

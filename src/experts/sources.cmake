@@ -1,6 +1,10 @@
 # Sources of src/experts (paths relative to src/).
 list(APPEND MOERT_SOURCES
   experts/checksum.cc
+  experts/delta_apply.cc
+  experts/delta_codec.cc
+  experts/delta_make.cc
+  experts/delta_package.cc
   experts/expert_cache.cc
   experts/expert_directory.cc
   experts/hot_set.cc

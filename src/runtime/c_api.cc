@@ -779,4 +779,25 @@ moert_status moert_session_write_repro(moert_session* session, const char* path,
   });
 }
 
+// --- Expert hot updates.
+
+moert_status moert_runtime_set_update_key(moert_runtime* runtime, const char* public_key_hex) {
+  constexpr char kName[] = "moert_runtime_set_update_key";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    moert::RuntimeOptions options = runtime->runtime->options();
+    options.update_public_key = public_key_hex != nullptr ? public_key_hex : "";
+    return Report(&runtime->last_error, runtime->runtime->SetOptions(options));
+  });
+}
+
+moert_status moert_runtime_apply_update(moert_runtime* runtime, const char* package_path) {
+  constexpr char kName[] = "moert_runtime_apply_update";
+  if (runtime == nullptr) return NullArgument(nullptr, kName, "runtime");
+  if (package_path == nullptr) return NullArgument(&runtime->last_error, kName, "package_path");
+  return Guard(&runtime->last_error, kName, [&]() -> moert_status {
+    return Report(&runtime->last_error, runtime->runtime->ApplyUpdate(package_path));
+  });
+}
+
 }  // extern "C"

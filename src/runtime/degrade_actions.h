@@ -33,6 +33,12 @@ class ModelMetrics {
   // router's p99 latency is over the routings of the last kLatencyWindowSteps decode
   // steps (steps of one token; a prefill's batches are left out), unknown until one.
   const pipeline::MetricSource& Read(int64_t tokens);
+  // An expert hot update swapped the model (MoERuntime::ApplyUpdate): read that one from
+  // now on, starting the stall count again.
+  void Rebind(model::Model* model) {
+    model_ = model;
+    have_stall_ = false;
+  }
 
  private:
   void ReadRouterLatency(int64_t tokens);
@@ -68,6 +74,8 @@ class ModelActuator final : public pipeline::DegradeActuator {
   absl::Status Undo(pipeline::DegradeAction action) override;
   // The model runs on a device now (an Unavailable is then a lost device).
   bool on_device() const;
+  // An expert hot update swapped the model: act on that one from now on.
+  void Rebind(model::Model* model) { model_ = model; }
 
  private:
   absl::Status ApplyOnce(pipeline::DegradeAction action);

@@ -66,7 +66,15 @@ struct LoadedModel {
   LoadedModel(const LoadedModel&) = delete;
   LoadedModel& operator=(const LoadedModel&) = delete;
 
-  std::unique_ptr<model::Model> model;
+  // Replaced by MoERuntime::ApplyUpdate under forward_mutex (sessions still on the old
+  // weights hold them: Session::Impl::weights_).
+  std::shared_ptr<model::Model> model;
+  // The weights now, for readers that do not hold forward_mutex (the swap holds both).
+  std::shared_ptr<model::Model> Weights() const {
+    std::lock_guard<std::mutex> lock(weights_mutex);
+    return model;
+  }
+  mutable std::mutex weights_mutex;
   tokenizer::Tokenizer tokenizer;
   // The runtime's registry, which the model and its sessions publish to (never null).
   std::shared_ptr<telemetry::Registry> metrics;
@@ -92,6 +100,13 @@ struct LoadedModel {
   std::vector<std::string> degrades_in_force;
   // Repro bundles: the options and model figures they record, where they go.
   ReproSettings repro;
+
+  // Expert hot updates: the options the model was loaded with (the new weights load
+  // with them too), one update at a time, and how many were applied.
+  ModelSource source;
+  RuntimeOptions options;
+  std::mutex update_mutex;
+  uint64_t updates = 0;  // under forward_mutex
 };
 
 // MoERuntime::TrimMemory's work on one model: caps the expert pool (applied now when no
@@ -119,6 +134,17 @@ struct DecodedImage {
 experts::IoMode ToExpertsIoMode(IoMode mode);
 model::Backend ToModelBackend(Backend backend);
 
+// Loads the model at `path` (MoERuntime::LoadModel's work; progress may be empty).
+absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
+                                                  const RuntimeOptions& options,
+                                                  const ProgressCallback& progress,
+                                                  std::shared_ptr<telemetry::Registry> metrics);
+
+// MoERuntime::ApplyUpdate's work on `model` (runtime/update.cc).
+absl::Status ApplyUpdate(LoadedModel& model, const std::string& package_path,
+                         const std::string& public_key_hex,
+                         const std::shared_ptr<telemetry::Registry>& metrics);
+
 // "chatml", "llama2", "llama3", "plain".
 const char* ChatTemplateName(model::ChatTemplateKind kind);
 
@@ -141,8 +167,9 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
  public:
   // `stateless`: every Generate starts a fresh conversation (the runtime's one-shot
   // Generate); the KV cache is still reused for a shared prefix.
-  Impl(std::shared_ptr<runtime::LoadedModel> model, std::unique_ptr<model::KvCache> cache,
-       bool stateless);
+  // `weights`: the model `cache` was made by (model->model when it was made).
+  Impl(std::shared_ptr<runtime::LoadedModel> model, std::shared_ptr<model::Model> weights,
+       std::unique_ptr<model::KvCache> cache, bool stateless);
   // A session's end saves the model's hot set (see RuntimeOptions::hot_set).
   ~Impl();
   Impl(const Impl&) = delete;
@@ -191,6 +218,10 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   // Runs positions; `rows` are the embedding rows of their kEmbeddingToken positions.
   absl::Status Forward(std::span<const int32_t> tokens,
                        std::span<const runtime::EmbeddingRow> rows = {});
+  // forward_mutex held: when an update swapped the model's weights since this session's
+  // last step, evaluates the cached context again on the new weights into a new KV cache
+  // and moves onto them (their old ones are freed with the last session holding them).
+  absl::Status FollowWeights();
   // The context the session keeps: the cache's capacity, or less after shorter_context.
   int Capacity() const;
   // The degrade policy's shorter_context: halves Capacity() (not below kMinContext);
@@ -204,6 +235,8 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   model::MemoryStats MemoryStats() const;
 
   std::shared_ptr<runtime::LoadedModel> model_;
+  // The weights cache_ belongs to: model_->model, or older ones until the next step.
+  std::shared_ptr<model::Model> weights_;
   std::unique_ptr<model::KvCache> cache_;
   // Held while Generate or Reset use the cache (ReleaseIfIdle keeps off it then).
   std::mutex busy_;

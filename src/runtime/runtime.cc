@@ -23,6 +23,7 @@
 #include "backend/kv_type.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "experts/delta_package.h"
 #include "experts/io_mode.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
@@ -112,6 +113,8 @@ class ProgressReporter {
 };
 
 
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
                                                   const RuntimeOptions& options,
                                                   const ProgressCallback& progress,
@@ -199,6 +202,8 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
     }
   }
   loaded->context_length = loaded->model->memory_stats().kv_cache_positions;
+  loaded->source = source;
+  loaded->options = options;
   loaded->inference_guard = options.inference_guard;
   loaded->degrade_rules = options.degrade_policy;
   loaded->degrade = std::move(degrade);
@@ -235,8 +240,6 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
   reporter.Done();
   return loaded;
 }
-
-}  // namespace
 
 absl::StatusOr<ModelSource> SourceOfFd(int fd, int64_t offset, int64_t length) {
   if (fd < 0 || offset < 0 || length < 0) {
@@ -299,11 +302,12 @@ void Trim(LoadedModel& model, int level) {
   } else if (level >= 5) {
     pool_fraction = 0.75;
   }
-  if (memory::MemoryBudget* budget = model.model->budget(); budget != nullptr) {
+  const std::shared_ptr<model::Model> weights = model.Weights();
+  if (memory::MemoryBudget* budget = weights->budget(); budget != nullptr) {
     budget->Trim(pool_fraction);
   }
   // The router reads the level as device memory pressure (docs/routing.md).
-  if (router::ResourceMonitor* monitor = model.model->resource_monitor(); monitor != nullptr) {
+  if (router::ResourceMonitor* monitor = weights->resource_monitor(); monitor != nullptr) {
     monitor->SetTrimLevel(router::TrimLevelFromAndroid(level));
   }
   {
@@ -423,6 +427,12 @@ Status CheckOptions(RuntimeOptions* options) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("prefetch_depth must be >= 1 (layers ahead), got ", options->prefetch_depth));
   }
+  if (!options->update_public_key.empty()) {
+    if (auto key = experts::ParsePublicKey(options->update_public_key); !key.ok()) {
+      return Status(StatusCode::kInvalidArgument,
+                    StrCat("update_public_key: ", key.status().message()));
+    }
+  }
   if (options->threads == 0) {
     options->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
@@ -481,7 +491,8 @@ namespace {
 // The model's router reads the app's temperature (NaN: sysfs) and trim level.
 void ApplyDeviceState(runtime::LoadedModel& model, float celsius) {
   // The monitor's state is atomic: no need to wait for a running Forward.
-  router::ResourceMonitor* monitor = model.model->resource_monitor();
+  const std::shared_ptr<model::Model> weights = model.Weights();
+  router::ResourceMonitor* monitor = weights->resource_monitor();
   if (monitor == nullptr) return;
   monitor->SetTemperature(std::isnan(celsius) ? std::nullopt : std::optional<float>(celsius));
 }
@@ -540,7 +551,7 @@ Status MoERuntime::LoadMmproj(const std::string& path) {
     threads = impl_->options.threads;
   }
   auto vision = runtime::VisionProjector::Load(
-      path, static_cast<int64_t>(model->model->spec().n_embd), threads);
+      path, static_cast<int64_t>(model->Weights()->spec().n_embd), threads);
   if (!vision.ok()) return runtime::FromAbsl(vision.status());
   std::shared_ptr<runtime::VisionProjector> projector = std::move(*vision);
   std::lock_guard<std::mutex> lock(model->forward_mutex);
@@ -596,10 +607,14 @@ Status NewSession(const std::shared_ptr<runtime::LoadedModel>& model, const Sess
                   StrCat("SessionOptions::context_length must be >= 0 (0: the runtime's), got ",
                          options.context_length));
   }
-  auto cache = model->model->NewKvCache(options.context_length > 0 ? options.context_length
-                                                                   : model->context_length);
+  // The cache and the weights it belongs to, read together (an update swaps them).
+  std::unique_lock<std::mutex> step(model->forward_mutex);
+  std::shared_ptr<model::Model> weights = model->model;
+  auto cache = weights->NewKvCache(options.context_length > 0 ? options.context_length
+                                                              : model->context_length);
+  step.unlock();
   if (!cache.ok()) return runtime::FromAbsl(cache.status());
-  *impl = std::make_unique<Session::Impl>(model, std::move(*cache), stateless);
+  *impl = std::make_unique<Session::Impl>(model, std::move(weights), std::move(*cache), stateless);
   return Status();
 }
 
@@ -635,6 +650,25 @@ Status MoERuntime::Generate(const GenerateRequest& request, const TokenCallback&
 GenerationStats MoERuntime::Stats() const {
   std::lock_guard<std::mutex> one_shot(impl_->one_shot_mutex);
   return impl_->one_shot != nullptr ? impl_->one_shot->Stats() : GenerationStats();
+}
+
+// --- Expert hot updates (runtime/update.cc).
+
+Status MoERuntime::ApplyUpdate(const std::string& package_path) {
+  const std::shared_ptr<runtime::LoadedModel> model = impl_->Model();
+  if (model == nullptr) {
+    return Status(StatusCode::kFailedPrecondition, "no model is loaded: call LoadModel first");
+  }
+  std::string key;
+  float celsius = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    key = impl_->options.update_public_key;
+    celsius = impl_->temperature;
+  }
+  const absl::Status status = runtime::ApplyUpdate(*model, package_path, key, impl_->metrics);
+  if (status.ok()) ApplyDeviceState(*model, celsius);
+  return runtime::FromAbsl(status);
 }
 
 }  // namespace moert

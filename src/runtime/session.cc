@@ -363,29 +363,64 @@ absl::Status Session::Impl::FitPrompt(const GenerateRequest& request, Prompt* pr
   return absl::OkStatus();
 }
 
+namespace {
+
+// The embedding rows of a batch's kEmbeddingToken positions, back to back.
+std::vector<float> EmbeddingsOf(std::span<const runtime::EmbeddingRow> rows) {
+  std::vector<float> embeddings;
+  if (rows.empty()) return embeddings;
+  const size_t width = static_cast<size_t>(rows[0].image->width);
+  embeddings.reserve(rows.size() * width);
+  for (const runtime::EmbeddingRow& r : rows) {
+    const float* row = r.image->rows.data() + static_cast<size_t>(r.row) * width;
+    embeddings.insert(embeddings.end(), row, row + width);
+  }
+  return embeddings;
+}
+
+}  // namespace
+
+absl::Status Session::Impl::FollowWeights() {
+  if (weights_ == model_->model) return absl::OkStatus();
+  // The cached context came from the old weights: evaluate it again on the new ones, so
+  // that what follows is what the new model gives for this context.
+  auto cache = model_->model->NewKvCache(cache_->capacity());
+  if (!cache.ok()) return cache.status();
+  const size_t n = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
+  if (n > 0) {
+    const std::span<const int32_t> prefix = std::span<const int32_t>(tokens_).subspan(0, n);
+    const std::vector<float> embeddings = EmbeddingsOf(
+        std::span<const runtime::EmbeddingRow>(rows_).subspan(0, CountEmbeddingPositions(prefix)));
+    std::vector<float> logits;
+    MOERT_RETURN_IF_ERROR(model_->model->Forward(
+        model::ForwardInput{prefix, embeddings, image_share_}, cache->get(),
+        model::LogitsFor::kLast, &logits));
+    evaluated_tokens_ += static_cast<int64_t>(n);
+    stats_.prefill_tokens += static_cast<int>(n);
+  }
+  cache_ = std::move(*cache);  // the old cache goes before the old weights
+  weights_ = model_->model;
+  actuator_.Rebind(weights_.get());
+  degrade_metrics_.Rebind(weights_.get());
+  return absl::OkStatus();
+}
+
 absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
                                     std::span<const runtime::EmbeddingRow> rows) {
   model::ForwardInput input;
   input.tokens = tokens;
   input.image_share = image_share_;
-  std::vector<float> embeddings;
-  if (!rows.empty()) {
-    const size_t width = static_cast<size_t>(rows[0].image->width);
-    embeddings.reserve(rows.size() * width);
-    for (const runtime::EmbeddingRow& r : rows) {
-      const float* row = r.image->rows.data() + static_cast<size_t>(r.row) * width;
-      embeddings.insert(embeddings.end(), row, row + width);
-    }
-    input.embeddings = embeddings;
-  }
+  const std::vector<float> embeddings = EmbeddingsOf(rows);
+  input.embeddings = embeddings;
   const auto attempt = [&] {
     std::lock_guard<std::mutex> lock(model_->forward_mutex);
+    MOERT_RETURN_IF_ERROR(FollowWeights());
     evaluated_tokens_ += static_cast<int64_t>(tokens.size());
-    absl::Status status = model_->model->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
+    absl::Status status = weights_->Forward(input, cache_.get(), model::LogitsFor::kLast, &logits_);
     if (status.ok() && tokens.size() == 1 && !first_decode_seen_) {
       // The first decoded token's routing, for a repro bundle.
       first_decode_seen_ = true;
-      first_decode_router_logits_ = model_->model->last_router_logits();
+      first_decode_router_logits_ = weights_->last_router_logits();
     }
     return status;
   };
@@ -440,14 +475,16 @@ void Session::Impl::DegradeStep(int64_t tokens) {
 }
 
 Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
-                    std::unique_ptr<model::KvCache> cache, bool stateless)
+                    std::shared_ptr<model::Model> weights, std::unique_ptr<model::KvCache> cache,
+                    bool stateless)
     : model_(std::move(model)),
+      weights_(std::move(weights)),
       cache_(std::move(cache)),
       stateless_(stateless),
       policy_(model_->degrade),
       actuator_(
-          model_->model.get(), [this](bool longer) { return ShortenContext(longer); }, &model_->degrades_in_force),
-      degrade_metrics_(model_->model.get(), model_->metrics.get()),
+          weights_.get(), [this](bool longer) { return ShortenContext(longer); }, &model_->degrades_in_force),
+      degrade_metrics_(weights_.get(), model_->metrics.get()),
       metrics_(*model_->metrics) {
   if (model_->inference_guard) {
     guard_ =
@@ -816,7 +853,7 @@ absl::StatusOr<std::string> Session::Impl::WriteReproBundle(const std::string& t
     capture.tokens = tokens_;
     capture.cache = cache_.get();
     capture.router_logits = &first_decode_router_logits_;
-    bundle = runtime::BuildReproBundle(repro, *model_->model, capture);
+    bundle = runtime::BuildReproBundle(repro, *weights_, capture);
   }
   MOERT_ASSIGN_OR_RETURN(const std::vector<std::string> dropped,
                          telemetry::WriteReproBundle(target, bundle, repro.max_bytes));

@@ -2,6 +2,7 @@
 list(APPEND MOERT_SOURCES
   runtime/version.cc
   runtime/status.cc
+  runtime/update.cc
   runtime/runtime.cc
   runtime/repro.cc
   runtime/session.cc

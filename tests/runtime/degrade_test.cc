@@ -139,7 +139,8 @@ std::shared_ptr<runtime::LoadedModel> Loaded(std::unique_ptr<model::Model> model
 std::unique_ptr<Session::Impl> NewSession(const std::shared_ptr<runtime::LoadedModel>& loaded) {
   auto cache = loaded->model->NewKvCache(64);
   EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::make_unique<Session::Impl>(loaded, std::move(*cache), /*stateless=*/true);
+  return std::make_unique<Session::Impl>(loaded, loaded->model, std::move(*cache),
+                                         /*stateless=*/true);
 }
 
 struct InjectionCase {
