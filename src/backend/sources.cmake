@@ -17,6 +17,7 @@ list(APPEND MOERT_SOURCES
 # The OpenCL backend (MOERT_HAVE_OPENCL, cmake/MoertOpenCL.cmake).
 if(MOERT_HAVE_OPENCL)
   list(APPEND MOERT_SOURCES
+    backend/opencl/cl_loader.cc
     backend/opencl/cl_status.cc
     backend/opencl/device.cc
     backend/opencl/program_cache.cc

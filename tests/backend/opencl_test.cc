@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "backend/opencl/buffer.h"
+#include "backend/opencl/cl_loader.h"
 #include "backend/opencl/device.h"
 #include "backend/opencl/embedded_sources.h"
 #include "backend/opencl/ops.h"
@@ -181,6 +182,47 @@ class OpenClTest : public ::testing::Test {
 Device* OpenClTest::device_ = nullptr;
 std::string* OpenClTest::open_error_ = nullptr;
 std::string* OpenClTest::cache_dir_ = nullptr;
+
+// The OpenCL library looked up at run time (backend/opencl/cl_loader.h).
+TEST(ClLoaderTest, AMissingLibraryAndOneWithoutOpenClAreNamedWithTheReason) {
+  const auto none = OpenClLibrary({"/nonexistent/libOpenCL.so", "libc.so.6"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  const std::string message(none.status().message());
+  EXPECT_NE(message.find("/nonexistent/libOpenCL.so: "), std::string::npos) << message;
+  EXPECT_NE(message.find("libc.so.6: has no clGetPlatformIDs"), std::string::npos) << message;
+  EXPECT_NE(message.find("MOERT_OPENCL_LIBRARY"), std::string::npos) << message;
+}
+
+TEST(ClLoaderTest, TheIcdLoaderOpensWithEveryFunctionAfterAFailedCandidate) {
+  const auto api = OpenClLibrary({"/nonexistent/libOpenCL.so", "libOpenCL.so.1"});
+  if (!api.ok()) {
+    if (RequireOpenCl()) FAIL() << api.status();
+    GTEST_SKIP() << api.status();
+  }
+  EXPECT_EQ(api->library, "libOpenCL.so.1");
+  ASSERT_NE(api->clGetPlatformIDs, nullptr);
+  ASSERT_NE(api->clFinish, nullptr);
+  cl_uint platforms = 0;
+  EXPECT_EQ(api->clGetPlatformIDs(0, nullptr, &platforms), CL_SUCCESS);
+  EXPECT_GE(platforms, 1u);
+}
+
+TEST(ClLoaderTest, TheEnvironmentsLibraryIsTheOnlyCandidate) {
+  const char* before = std::getenv("MOERT_OPENCL_LIBRARY");
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(::setenv("MOERT_OPENCL_LIBRARY", "/opt/gpu/libOpenCL.so", 1), 0);
+  EXPECT_EQ(ClLibraryCandidates(), std::vector<std::string>{"/opt/gpu/libOpenCL.so"});
+  ASSERT_EQ(::unsetenv("MOERT_OPENCL_LIBRARY"), 0);
+  const std::vector<std::string> defaults = ClLibraryCandidates();
+  ASSERT_FALSE(defaults.empty());
+#if defined(__ANDROID__)
+  EXPECT_EQ(defaults.front(), "libOpenCL.so");
+#else
+  EXPECT_EQ(defaults.front(), "libOpenCL.so.1");
+#endif
+  if (before != nullptr) ::setenv("MOERT_OPENCL_LIBRARY", saved.c_str(), 1);
+}
 
 TEST_F(OpenClTest, DeviceInfoIsFilledIn) {
   const DeviceInfo& info = device().info();

@@ -2,7 +2,7 @@
 // framework): load the example model with progress, the model's facts, a greedy
 // continuation equal to the C API's (c_reference.c wrote it), streaming callbacks,
 // cancel from the callback and from a second thread, errors as MoertException with the
-// status and message, a callback that throws, close twice.
+// status and message, a callback that throws, close twice, the log listener.
 // Usage: java -Djava.library.path=DIR -cp moert.jar:tests MoertJniTest MODEL REF_IDS REF_TEXT
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -85,8 +85,33 @@ public final class MoertJniTest {
     // A load cancelled by its listener, then one with progress rising to exactly 1.
     e = expectMoert("a cancelled load", () -> runtime.loadModel(model, f -> f < 0.5f));
     check(e != null && e.code() == MoertException.CANCELLED, "cancelled load: " + e);
+    // The log, through a listener: the load's debug message naming the model.
+    final List<String> logged = java.util.Collections.synchronizedList(new ArrayList<>());
+    MoERuntime.setLogListener((level, message) -> logged.add(level + " " + message),
+        org.moert.LogListener.DEBUG);
+    e = expectMoert("a bad log level",
+        () -> MoERuntime.setLogListener((level, message) -> {}, 7));
+    check(e != null && e.code() == MoertException.INVALID_ARGUMENT
+            && e.getMessage().contains("minLevel 7"), "log level 7: " + e);
     final List<Float> progress = new ArrayList<>();
     runtime.loadModel(model, f -> progress.add(f));
+    boolean loadLogged = false;
+    synchronized (logged) {
+      for (String line : logged) {
+        loadLogged |= line.startsWith(org.moert.LogListener.DEBUG + " loaded ")
+            && line.contains(model);
+      }
+    }
+    check(loadLogged, "the load's log message, in " + logged);
+    // A listener that throws is dropped, and the load goes on; null restores stderr.
+    MoERuntime.setLogListener((level, message) -> {
+      throw new IllegalStateException("a log listener that throws");
+    }, org.moert.LogListener.DEBUG);
+    runtime.loadModel(model, null);
+    MoERuntime.setLogListener(null, org.moert.LogListener.WARNING);
+    final int before = logged.size();
+    runtime.loadModel(model, null);
+    check(logged.size() == before, "no message after the listener is removed: " + logged);
     check(progress.size() >= 2 && progress.get(progress.size() - 1) == 1.0f, "progress " + progress);
     for (int i = 1; i < progress.size(); ++i) {
       check(progress.get(i) >= progress.get(i - 1), "progress rises: " + progress);

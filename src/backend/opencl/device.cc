@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "backend/opencl/cl_loader.h"
 #include "backend/opencl/program_cache.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -99,6 +100,8 @@ absl::StatusOr<DeviceInfo> QueryDevice(cl_platform_id platform, cl_device_id dev
 // The ICD loader's answer when it finds no vendor file is CL_PLATFORM_NOT_FOUND_KHR
 // (or success with zero platforms); both become the same clear message.
 absl::Status NoPlatform() {
+  const std::string no_library = ClLoaderError();
+  if (!no_library.empty()) return absl::NotFoundError(no_library);
   const char* vendors = std::getenv("OCL_ICD_VENDORS");
   return absl::NotFoundError(
       StrCat("no OpenCL platform found (OCL_ICD_VENDORS=",

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -226,6 +227,48 @@ void ToLogcat(int level, const char* message, void*) {
 }
 #endif
 
+// MoERuntime.setLogListener: the listener (a global reference) and its method; the
+// mutex guards the swap, a message holds a local reference while it is delivered.
+JavaVM* g_vm = nullptr;
+std::mutex g_log_mutex;
+jobject g_log_listener = nullptr;
+jmethodID g_log_on_log = nullptr;
+
+void ToListener(int level, const char* message, void*) {
+  JNIEnv* env = nullptr;
+  bool attached = false;
+  if (g_vm->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_6) == JNI_EDETACHED) {
+    // A library thread (the loader's, the prefetcher's): attached for this message only,
+    // so that it never exits attached (ART aborts on that).
+#ifdef __ANDROID__
+    if (g_vm->AttachCurrentThread(&env, nullptr) != JNI_OK) return;
+#else
+    if (g_vm->AttachCurrentThread(reinterpret_cast<void**>(&env), nullptr) != JNI_OK) return;
+#endif
+    attached = true;
+  }
+  if (env == nullptr) return;
+  jobject listener = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    if (g_log_listener != nullptr) listener = env->NewLocalRef(g_log_listener);
+  }
+  if (listener != nullptr) {
+    // A message from inside a Java callback that threw: the exception stays pending for
+    // its call to rethrow, and the message is not delivered (no JNI calls are allowed).
+    if (!env->ExceptionCheck()) {
+      jstring text = ToJava(env, message);
+      if (text != nullptr) {
+        env->CallVoidMethod(listener, g_log_on_log, static_cast<jint>(level), text);
+        env->DeleteLocalRef(text);
+      }
+      if (env->ExceptionCheck()) env->ExceptionClear();  // a listener that throws is dropped
+    }
+    env->DeleteLocalRef(listener);
+  }
+  if (attached) g_vm->DetachCurrentThread();
+}
+
 jclass GlobalClass(JNIEnv* env, const char* name) {
   jclass local = env->FindClass(name);
   if (local == nullptr) return nullptr;
@@ -241,6 +284,7 @@ extern "C" {
 JNIEXPORT jint JNI_OnLoad(JavaVM* vm, void*) {
   JNIEnv* env = nullptr;
   if (vm->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_6) != JNI_OK) return JNI_ERR;
+  g_vm = vm;
   // A libmoert.so of another ABI than the glue was built against fails here, clearly.
   if (moert_check_abi(MOERT_ABI_VERSION) != MOERT_OK) {
     jclass error = env->FindClass("java/lang/UnsatisfiedLinkError");
@@ -272,6 +316,44 @@ JNIEXPORT jint JNI_OnLoad(JavaVM* vm, void*) {
 
 JNIEXPORT jstring JNICALL Java_org_moert_MoERuntime_version(JNIEnv* env, jclass) {
   return ToJava(env, moert_version());
+}
+
+JNIEXPORT void JNICALL Java_org_moert_MoERuntime_nativeSetLogListener(JNIEnv* env, jclass,
+                                                                      jobject listener,
+                                                                      jint min_level) {
+  if (listener != nullptr && g_log_on_log == nullptr) {
+    jclass type = env->FindClass("org/moert/LogListener");
+    if (type == nullptr) return;  // NoClassDefFoundError pending
+    g_log_on_log = env->GetMethodID(type, "onLog", "(ILjava/lang/String;)V");
+    env->DeleteLocalRef(type);
+    if (g_log_on_log == nullptr) return;  // NoSuchMethodError pending
+  }
+  moert_log_callback callback = nullptr;
+  if (listener != nullptr) {
+    callback = ToListener;
+  } else {
+#ifdef __ANDROID__
+    callback = ToLogcat;
+#endif
+  }
+  if (min_level < MOERT_LOG_DEBUG || min_level > MOERT_LOG_ERROR) {
+    ThrowIfError(env, MOERT_INVALID_ARGUMENT,
+                 ("setLogListener: minLevel " + std::to_string(min_level) +
+                  " is not a LogListener level (DEBUG 0 .. ERROR 3)").c_str());
+    return;
+  }
+  // The listener first, then the callback: a message between the two goes to the old
+  // listener, the new one or nowhere, never to a freed reference.
+  jobject fresh = listener != nullptr ? env->NewGlobalRef(listener) : nullptr;
+  jobject old = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    old = g_log_listener;
+    g_log_listener = fresh;
+  }
+  if (old != nullptr) env->DeleteGlobalRef(old);
+  ThrowIfError(env, moert_set_log_callback(callback, nullptr, min_level),
+               moert_last_error(nullptr));
 }
 
 JNIEXPORT jint JNICALL Java_org_moert_MoERuntime_abiVersion(JNIEnv*, jclass) {

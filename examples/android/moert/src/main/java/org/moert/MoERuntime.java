@@ -87,6 +87,16 @@ public final class MoERuntime implements AutoCloseable {
   /** The library's version, "MAJOR.MINOR.PATCH". */
   public static native String version();
 
+  /**
+   * Routes the library's log, process-wide, to listener (messages below minLevel, a
+   * LogListener level, are dropped); null restores the default: logcat on Android,
+   * stderr elsewhere. A message being delivered when the listener changes finishes on
+   * the old one.
+   */
+  public static void setLogListener(LogListener listener, int minLevel) throws MoertException {
+    nativeSetLogListener(listener, minLevel);
+  }
+
   /** The C ABI version of the loaded libmoert (moert_abi_version). */
   public static native int abiVersion();
 
@@ -150,4 +160,6 @@ public final class MoERuntime implements AutoCloseable {
   private static native long nativeNewSession(long h) throws MoertException;
   private static native String nativeMetrics(long h);
   private static native void nativeDestroy(long h);
+  private static native void nativeSetLogListener(LogListener listener, int minLevel)
+      throws MoertException;
 }
