@@ -6,22 +6,23 @@
 #   gguf   gguf_fuzzer on tests/fuzz/corpus: the GGUF reader on arbitrary bytes
 #   model  model_fuzzer on tests/fuzz/model_corpus: valid small models with mutated
 #          metadata and tensors through Model::Load and a forward pass
+#   repro  repro_fuzzer on tests/fuzz/repro_corpus: the repro bundle reader
 # Exits non-zero when a fuzzer finds a crash; the crashing input is left in
 # <build>/fuzz-run/<fuzzer>/artifacts/.
-#   usage: scripts/run-fuzz.sh [SECONDS [FUZZER...]]   (FUZZER: gguf, model; default both)
+#   usage: scripts/run-fuzz.sh [SECONDS [FUZZER...]]   (FUZZER: gguf, model, repro; default all)
 set -euo pipefail
 
 seconds="${1:-60}"
 if ! [[ "${seconds}" =~ ^[0-9]+$ ]]; then
-  echo "usage: $0 [SECONDS [gguf|model ...]]" >&2
+  echo "usage: $0 [SECONDS [gguf|model|repro ...]]" >&2
   exit 2
 fi
 shift || true
 fuzzers=("$@")
-[[ ${#fuzzers[@]} -gt 0 ]] || fuzzers=(gguf model)
+[[ ${#fuzzers[@]} -gt 0 ]] || fuzzers=(gguf model repro)
 for f in "${fuzzers[@]}"; do
-  if [[ "${f}" != gguf && "${f}" != model ]]; then
-    echo "unknown fuzzer '${f}' (gguf, model)" >&2
+  if [[ "${f}" != gguf && "${f}" != model && "${f}" != repro ]]; then
+    echo "unknown fuzzer '${f}' (gguf, model, repro)" >&2
     exit 2
   fi
 done
@@ -68,6 +69,10 @@ for f in "${fuzzers[@]}"; do
       # (a shape the library should have refused).
       run_fuzzer model "${root}/tests/fuzz/model_corpus" -max_len=1024 -timeout=20 \
         -malloc_limit_mb=512 -rss_limit_mb=2048
+      ;;
+    repro)
+      run_fuzzer repro "${root}/tests/fuzz/repro_corpus" -max_len=4096 -timeout=10 \
+        -malloc_limit_mb=512
       ;;
   esac
 done

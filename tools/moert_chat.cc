@@ -101,6 +101,8 @@ constexpr char kUsage[] =
     "                           instead of the model's moert.modality_bias\n"
     "  --trace FILE             record trace spans and write them to FILE at exit\n"
     "                           (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
+    "  --repro-dir DIR          write a repro bundle into DIR when a request fails or\n"
+    "                           runs degraded (docs/repro.md; replay: moert-replay)\n"
     "  --metrics FILE           write the runtime's metrics (Prometheus text) to FILE at exit\n"
     "  --metrics-interval N     ... and every N seconds (default 0: only at exit)\n"
     "  -h, --help               show this help\n";
@@ -142,6 +144,7 @@ struct Args {
   bool hot_set = true;
   bool mlock = false;
   std::string cache_dir;
+  std::string repro_dir;  // empty: no repro bundles
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
@@ -253,6 +256,9 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "--cache-dir") {
       if (!value(&v)) return need("a DIR");
       args->cache_dir = std::string(v);
+    } else if (arg == "--repro-dir") {
+      if (!value(&v) || v.empty()) return need("a DIR");
+      args->repro_dir = std::string(v);
     } else if (arg == "--router-alpha") {
       error = float_flag(&args->router_alpha);
       if (error.empty() && !(args->router_alpha >= 0)) error = bad("a number >= 0");
@@ -498,6 +504,11 @@ int main(int argc, char** argv) {
   options.hot_set = args.hot_set;
   options.lock_weights = args.mlock;
   options.cache_dir = args.cache_dir;
+  if (!args.repro_dir.empty()) {
+    options.repro_on_error = true;
+    options.repro_on_degrade = true;
+    options.repro_dir = args.repro_dir;
+  }
   options.router_alpha = args.router_alpha;
   options.dynamic_k = args.dynamic_k;
   options.thermal_limit_c = args.thermal_limit;
