@@ -101,8 +101,8 @@ constexpr char kUsage[] =
     "                           instead of the model's moert.modality_bias\n"
     "  --trace FILE             record trace spans and write them to FILE at exit\n"
     "                           (Chrome trace-event JSON: open in ui.perfetto.dev)\n"
-    "  --repro-dir DIR          write a repro bundle into DIR when a request fails or\n"
-    "                           runs degraded (docs/repro.md; replay: moert-replay)\n"
+    "  --repro-dir DIR          write a repro bundle into DIR when a request fails,\n"
+    "                           runs degraded or crashes (docs/repro.md; moert-replay)\n"
     "  --metrics FILE           write the runtime's metrics (Prometheus text) to FILE at exit\n"
     "  --metrics-interval N     ... and every N seconds (default 0: only at exit)\n"
     "  -h, --help               show this help\n";
@@ -507,6 +507,7 @@ int main(int argc, char** argv) {
   if (!args.repro_dir.empty()) {
     options.repro_on_error = true;
     options.repro_on_degrade = true;
+    options.repro_on_crash = true;
     options.repro_dir = args.repro_dir;
   }
   options.router_alpha = args.router_alpha;

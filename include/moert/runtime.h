@@ -217,6 +217,12 @@ struct RuntimeOptions {
   // The cap on a bundle's file, in bytes: past it the KV cache is left out, then the
   // trace (the bundle says which). 0: the default, 5 MB.
   int64_t repro_max_bytes = 5 << 20;
+  // With repro_on_crash, a load installs a handler of SIGSEGV, SIGBUS, SIGILL, SIGFPE and
+  // SIGABRT (process-wide, once) that writes REPRO_DIR/crash-<pid>.moert-repro: the
+  // device, the model, the options and the context's token ids of the session that last
+  // stepped (the crash variant: only what a signal handler can write safely), then lets
+  // the signal go on to the handler before it (the process dies as it would have).
+  bool repro_on_crash = false;
 
   // --- Expert hot updates (MoERuntime::ApplyUpdate, docs/updates.md).
   // The Ed25519 public key delta packages must be signed with: 64 hex digits (the text

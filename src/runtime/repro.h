@@ -27,6 +27,7 @@ inline constexpr int kReproKvPositions = 512;
 struct ReproSettings {
   bool on_error = false;   // RuntimeOptions::repro_on_error
   bool on_degrade = false;
+  bool on_crash = false;   // the crash handler is installed: steps publish their record
   std::string dir;         // where automatic bundles go; empty: none known
   uint64_t max_bytes = telemetry::kReproDefaultMaxBytes;
   std::string options;     // the runtime's options, key=value lines

@@ -32,6 +32,7 @@
 #include "pipeline/degrade_policy.h"
 #include "runtime/internal.h"
 #include "runtime/repro.h"
+#include "telemetry/crash_repro.h"
 #include "telemetry/platform.h"
 #include "telemetry/runtime_metrics.h"
 #include "telemetry/trace.h"
@@ -235,6 +236,18 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
   info.hot_set_path = memory.hot_set_path;
   info.lock_note = memory.lock_error;
   loaded->repro = MakeReproSettings(options, info);
+  if (options.repro_on_crash) {
+    // A handler that cannot be installed leaves the load as it is, and says so.
+    const absl::Status crash =
+        loaded->repro.dir.empty()
+            ? absl::FailedPreconditionError("no repro directory (repro_dir or cache_dir)")
+            : telemetry::InstallCrashHandler(loaded->repro.dir);
+    loaded->repro.on_crash = crash.ok();
+    if (!crash.ok()) {
+      telemetry::Log(telemetry::LogLevel::kWarning,
+                     StrCat("repro_on_crash: no crash bundles: ", crash.message()));
+    }
+  }
   info.load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   reporter.Done();

@@ -19,6 +19,7 @@
 #include "model/stop.h"
 #include "moert/runtime.h"
 #include "runtime/internal.h"
+#include "telemetry/crash_repro.h"
 #include "telemetry/platform.h"
 #include "telemetry/runtime_metrics.h"
 #include "tokenizer/tokenizer.h"
@@ -425,6 +426,11 @@ absl::Status Session::Impl::Forward(std::span<const int32_t> tokens,
     return status;
   };
   ++step_;
+  if (model_->repro.on_crash) {
+    // What a crash during this step leaves behind (telemetry/crash_repro.h).
+    const runtime::ReproSettings& repro = model_->repro;
+    telemetry::PublishCrashRecord(repro.fingerprint, repro.model, repro.options, tokens_);
+  }
   MOERT_RETURN_IF_ERROR(guard_ != nullptr ? guard_->Run(step_, attempt, &degrades_) : attempt());
   DegradeStep(static_cast<int64_t>(tokens.size()));
   return absl::OkStatus();

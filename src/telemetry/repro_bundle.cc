@@ -4,12 +4,14 @@
 #include <zstd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <utility>
 
 #include "core/cache_dir.h"
 #include "core/status.h"
@@ -298,9 +300,63 @@ absl::Status DecodeMeta(std::string_view meta, ReproBundle* b) {
   return absl::OkStatus();
 }
 
+// The crash variant (telemetry/crash_repro.h): uncompressed, written by a signal handler.
+constexpr char kCrashMagic[8] = {'M', 'O', 'E', 'R', 'T', 'C', 'R', 'S'};
+
+const char* SignalName(uint32_t signal) {
+  switch (signal) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGILL: return "SIGILL";
+    case SIGFPE: return "SIGFPE";
+    case SIGABRT: return "SIGABRT";
+    default: return "an unexpected signal";
+  }
+}
+
+absl::StatusOr<ReproBundle> DecodeCrashBundle(std::string_view bytes) {
+  Cursor in(bytes.substr(sizeof(kCrashMagic)), "crash bundle");
+  uint32_t version, signal;
+  MOERT_RETURN_IF_ERROR(in.U32(&version, "version"));
+  if (version != 1) {
+    return absl::InvalidArgumentError(
+        StrCat("crash bundle: version ", version, ", this moert reads version 1"));
+  }
+  MOERT_RETURN_IF_ERROR(in.U32(&signal, "signal"));
+  ReproBundle b;
+  b.trigger = "crash";
+  MOERT_RETURN_IF_ERROR(in.U64(&b.created_ns, "time"));
+  std::string_view text;
+  for (auto [out, field] : {std::pair{&b.fingerprint, "fingerprint"}, std::pair{&b.model, "model"},
+                            std::pair{&b.options, "options"}}) {
+    uint32_t n;
+    MOERT_RETURN_IF_ERROR(in.U32(&n, field));
+    MOERT_RETURN_IF_ERROR(in.Bytes(n, field, &text));
+    out->assign(text);
+  }
+  uint32_t total, kept;
+  MOERT_RETURN_IF_ERROR(in.U32(&total, "token count"));
+  MOERT_RETURN_IF_ERROR(in.U32(&kept, "kept token count"));
+  if (kept > total) {
+    return absl::DataLossError(
+        StrCat("crash bundle: ", kept, " token ids kept of a context of ", total));
+  }
+  MOERT_RETURN_IF_ERROR(in.Array(kept, "token ids", &b.tokens));
+  if (!in.done()) {
+    return absl::DataLossError(StrCat("crash bundle: ", in.remaining(), " bytes past its end"));
+  }
+  b.error = StrCat("signal ", signal, " (", SignalName(signal), ")");
+  if (kept < total) StrAppend(&b.error, "; the first ", kept, " of ", total, " token ids kept");
+  return b;
+}
+
 }  // namespace
 
 absl::StatusOr<ReproBundle> DecodeReproBundle(std::string_view bytes) {
+  if (bytes.size() >= sizeof(kCrashMagic) &&
+      std::memcmp(bytes.data(), kCrashMagic, sizeof(kCrashMagic)) == 0) {
+    return DecodeCrashBundle(bytes);
+  }
   if (bytes.size() < kHeaderBytes) {
     return absl::DataLossError(StrCat("repro bundle: ", bytes.size(),
                                       " bytes, shorter than its ", kHeaderBytes, "-byte header"));

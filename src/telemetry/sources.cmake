@@ -5,4 +5,5 @@ list(APPEND MOERT_SOURCES
   telemetry/trace.cc
   telemetry/runtime_metrics.cc
   telemetry/repro_bundle.cc
+  telemetry/crash_repro.cc
 )

@@ -4,6 +4,8 @@
 // state and the options; a failed request and a degraded one write theirs when asked
 // to, and not otherwise; the cap leaves the KV cache out and says so.
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "model/model.h"
 #include "moert/runtime.h"
+#include "telemetry/crash_repro.h"
 #include "telemetry/platform.h"
 #include "telemetry/repro_bundle.h"
 
@@ -266,6 +269,59 @@ TEST_F(ReproTest, BadPathsAndOptionsAreNamed) {
   EXPECT_THAT(unwritable.message(), HasSubstr("/proc/no/such/dir"));
   // Still usable.
   EXPECT_TRUE(session->Generate(Greedy(2)).ok());
+}
+
+
+// The crash variant (telemetry/crash_repro.h): what the handler writes reads back as a
+// bundle of trigger "crash", and any truncation of it is an error, not a crash.
+TEST(CrashReproTest, ThePublishedRecordReadsBackAndTruncationsAreErrors) {
+  const std::vector<int32_t> tokens = {5, -1, 7, 1000};
+  telemetry::PublishCrashRecord("cpu=test", "path=m.gguf\nhash=fnv1a64:00", "threads=1", tokens);
+  const std::string bytes = telemetry::CrashBundleBytesForTest(SIGSEGV);
+  absl::StatusOr<telemetry::ReproBundle> b = telemetry::DecodeReproBundle(bytes);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->trigger, "crash");
+  EXPECT_EQ(b->error, "signal " + std::to_string(SIGSEGV) + " (SIGSEGV)");
+  EXPECT_EQ(b->fingerprint, "cpu=test");
+  EXPECT_EQ(telemetry::ReproValue(b->model, "hash"), "fnv1a64:00");
+  EXPECT_EQ(b->options, "threads=1");
+  EXPECT_EQ(b->tokens, tokens);
+  EXPECT_GT(b->created_ns, 0u);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(telemetry::DecodeReproBundle(std::string_view(bytes).substr(0, n)).ok()) << n;
+  }
+  EXPECT_FALSE(telemetry::DecodeReproBundle(bytes + "x").ok());
+}
+
+// A process that aborts while a session generates leaves DIR/crash-<pid>.moert-repro with
+// the session's context, and still dies of its signal.
+TEST_F(ReproTest, ACrashWritesTheCrashVariantAndTheProcessStillDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::filesystem::path dir = dir_ / "crashes";
+  EXPECT_EXIT(
+      {
+        RuntimeOptions options;
+        options.repro_on_crash = true;
+        options.repro_dir = dir.string();
+        auto runtime = Runtime(options);
+        std::unique_ptr<Session> session;
+        if (!runtime->CreateSession(&session).ok()) std::_Exit(3);
+        GenerateResult result;
+        if (!session->Generate(Greedy(4), {}, &result).ok()) std::_Exit(4);
+        std::abort();
+      },
+      ::testing::KilledBySignal(SIGABRT), "");
+  const std::vector<std::filesystem::path> files = Bundles(dir);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_THAT(files[0].filename().string(), ::testing::StartsWith("crash-"));
+  absl::StatusOr<telemetry::ReproBundle> b = telemetry::ReadReproBundle(files[0].string());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->trigger, "crash");
+  EXPECT_THAT(b->error, HasSubstr("SIGABRT"));
+  EXPECT_THAT(b->model, HasSubstr("hash="));
+  EXPECT_THAT(b->options, HasSubstr("threads=1"));
+  // The context of the last step: the prompt and the tokens decoded before it.
+  EXPECT_GE(b->tokens.size(), 4u);
 }
 
 }  // namespace

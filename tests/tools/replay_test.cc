@@ -4,6 +4,7 @@
 // expert; the binary says the same and exits 2; a corrupt bundle and a bundle of another
 // model are answered with a Status naming the problem.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -42,8 +43,9 @@ class ReplayTest : public ::testing::Test {
  protected:
   // One bundle for the suite: an 8-token greedy generation on Q8_0.
   static void SetUpTestSuite() {
+    // One directory per process: ctest runs each test in a process of its own, in parallel.
     dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                     "moert-replay-test");
+                                     ("moert-replay-test-" + std::to_string(::getpid())));
     std::filesystem::remove_all(*dir_);
     std::filesystem::create_directories(*dir_);
     RuntimeOptions options;
