@@ -40,10 +40,11 @@ struct DeltaFixture {
 };
 
 // `dir` must exist. The oracle `model` (a file in shared/models) with `changed`
-// perturbed by a fraction `fraction` of their weights.
+// perturbed: a fraction `fraction` of their weights moved by `steps` quantization steps.
 inline DeltaFixture MakeDeltaFixture(const std::string& dir, const std::string& model,
                                      std::vector<std::pair<int, int>> changed,
-                                     double fraction = 0.25, uint64_t seed = 7) {
+                                     double fraction = 0.25, uint64_t seed = 7,
+                                     int steps = 1) {
   DeltaFixture f;
   f.dir = dir;
   f.base_path = dir + "/base.gguf";
@@ -51,7 +52,7 @@ inline DeltaFixture MakeDeltaFixture(const std::string& dir, const std::string& 
   f.experts = std::move(changed);
   const format::GgufFile& oracle = OracleFile(model);
   WriteBytes(f.base_path, oracle.bytes());
-  auto perturbed = experts::PerturbExperts(oracle, f.experts, fraction, seed);
+  auto perturbed = experts::PerturbExperts(oracle, f.experts, fraction, seed, steps);
   EXPECT_TRUE(perturbed.ok()) << perturbed.status();
   if (!perturbed.ok()) return f;
   WriteBytes(f.target_path, *perturbed);

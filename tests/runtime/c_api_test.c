@@ -327,6 +327,37 @@ static void check_repro(const char* model_path) {
   moert_runtime_destroy(runtime);
 }
 
+/* --- Expert hot updates: moert_runtime_set_update_key, moert_runtime_apply_update
+ * (their round trip is tests/runtime/update_test.cc). ---------------------------- */
+static void check_update(const char* model_path) {
+  moert_runtime* runtime = NULL;
+  CHECK_STATUS(moert_runtime_create(NULL, &runtime), MOERT_OK);
+  if (runtime == NULL) return;
+  CHECK_STATUS(moert_runtime_set_update_key(NULL, NULL), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_apply_update(NULL, "x.moert-delta"), MOERT_INVALID_ARGUMENT);
+  CHECK_STATUS(moert_runtime_apply_update(runtime, "x.moert-delta"), MOERT_FAILED_PRECONDITION);
+  CHECK(strstr(moert_last_error(runtime), "no model") != NULL);
+  CHECK_STATUS(moert_runtime_set_update_key(runtime, "not hex"), MOERT_INVALID_ARGUMENT);
+  CHECK(strstr(moert_last_error(runtime), "update_public_key") != NULL);
+  CHECK_STATUS(moert_runtime_load_model(runtime, model_path, NULL, NULL), MOERT_OK);
+  CHECK_STATUS(moert_runtime_apply_update(runtime, NULL), MOERT_INVALID_ARGUMENT);
+  /* No key set: every package is refused, naming the option. */
+  CHECK_STATUS(moert_runtime_apply_update(runtime, "/no/such/update.moert-delta"),
+               MOERT_FAILED_PRECONDITION);
+  CHECK(strstr(moert_last_error(runtime), "update_public_key") != NULL);
+  /* A key (64 hex digits, a trailing newline allowed), then a missing package: named. */
+  CHECK_STATUS(moert_runtime_set_update_key(
+                   runtime, "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c\n"),
+               MOERT_OK);
+  CHECK(moert_runtime_apply_update(runtime, "/no/such/update.moert-delta") != MOERT_OK);
+  CHECK(strstr(moert_last_error(runtime), "/no/such/update.moert-delta") != NULL);
+  CHECK_STATUS(moert_runtime_set_update_key(runtime, NULL), MOERT_OK); /* cleared */
+  CHECK_STATUS(moert_runtime_apply_update(runtime, "/no/such/update.moert-delta"),
+               MOERT_FAILED_PRECONDITION);
+  CHECK(greedy_is_reference(runtime)); /* the model keeps answering */
+  moert_runtime_destroy(runtime);
+}
+
 int main(int argc, char** argv) {
   char model_path[4096];
   char vocab_path[4096];
@@ -722,6 +753,7 @@ int main(int argc, char** argv) {
   check_app_integration(model_path, q8_path);
 
   check_repro(model_path);
+  check_update(model_path);
 
   if (g_failures != 0) {
     fprintf(stderr, "c_api_test: %d check(s) failed\n", g_failures);
