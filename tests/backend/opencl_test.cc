@@ -204,7 +204,11 @@ TEST(ClLoaderTest, TheIcdLoaderOpensWithEveryFunctionAfterAFailedCandidate) {
   ASSERT_NE(api->clGetPlatformIDs, nullptr);
   ASSERT_NE(api->clFinish, nullptr);
   cl_uint platforms = 0;
-  EXPECT_EQ(api->clGetPlatformIDs(0, nullptr, &platforms), CL_SUCCESS);
+  const cl_int err = api->clGetPlatformIDs(0, nullptr, &platforms);
+  if ((err != CL_SUCCESS || platforms == 0) && !RequireOpenCl()) {
+    GTEST_SKIP() << "the ICD loader opens but finds no platform";
+  }
+  EXPECT_EQ(err, CL_SUCCESS);
   EXPECT_GE(platforms, 1u);
 }
 
