@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "core/strings.h"
 #include "telemetry/platform.h"
+#include "telemetry/repro_bundle.h"
 
 namespace moert::telemetry {
 namespace {
@@ -24,8 +25,6 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 constexpr int kSignalCount = sizeof(kSignals) / sizeof(kSignals[0]);
-constexpr char kCrashMagic[8] = {'M', 'O', 'E', 'R', 'T', 'C', 'R', 'S'};
-constexpr uint32_t kCrashVersion = 1;
 constexpr size_t kPathBytes = 4096;
 
 // Two records: publishing fills the one the handler is not reading, then flips.
@@ -52,8 +51,8 @@ void PutU32(char* out, size_t* at, uint32_t v) { Put(out, at, &v, 4); }
 // The 16-byte header: magic, version, signal.
 void Header(int signal, char out[16]) {
   size_t at = 0;
-  Put(out, &at, kCrashMagic, 8);
-  PutU32(out, &at, kCrashVersion);
+  Put(out, &at, kReproCrashMagic, sizeof(kReproCrashMagic));
+  PutU32(out, &at, kReproCrashVersion);
   PutU32(out, &at, static_cast<uint32_t>(signal));
 }
 

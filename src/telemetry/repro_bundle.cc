@@ -301,8 +301,6 @@ absl::Status DecodeMeta(std::string_view meta, ReproBundle* b) {
 }
 
 // The crash variant (telemetry/crash_repro.h): uncompressed, written by a signal handler.
-constexpr char kCrashMagic[8] = {'M', 'O', 'E', 'R', 'T', 'C', 'R', 'S'};
-
 const char* SignalName(uint32_t signal) {
   switch (signal) {
     case SIGSEGV: return "SIGSEGV";
@@ -315,12 +313,12 @@ const char* SignalName(uint32_t signal) {
 }
 
 absl::StatusOr<ReproBundle> DecodeCrashBundle(std::string_view bytes) {
-  Cursor in(bytes.substr(sizeof(kCrashMagic)), "crash bundle");
+  Cursor in(bytes.substr(sizeof(kReproCrashMagic)), "crash bundle");
   uint32_t version, signal;
   MOERT_RETURN_IF_ERROR(in.U32(&version, "version"));
-  if (version != 1) {
-    return absl::InvalidArgumentError(
-        StrCat("crash bundle: version ", version, ", this moert reads version 1"));
+  if (version != kReproCrashVersion) {
+    return absl::InvalidArgumentError(StrCat("crash bundle: version ", version,
+                                             ", this moert reads version ", kReproCrashVersion));
   }
   MOERT_RETURN_IF_ERROR(in.U32(&signal, "signal"));
   ReproBundle b;
@@ -353,8 +351,8 @@ absl::StatusOr<ReproBundle> DecodeCrashBundle(std::string_view bytes) {
 }  // namespace
 
 absl::StatusOr<ReproBundle> DecodeReproBundle(std::string_view bytes) {
-  if (bytes.size() >= sizeof(kCrashMagic) &&
-      std::memcmp(bytes.data(), kCrashMagic, sizeof(kCrashMagic)) == 0) {
+  if (bytes.size() >= sizeof(kReproCrashMagic) &&
+      std::memcmp(bytes.data(), kReproCrashMagic, sizeof(kReproCrashMagic)) == 0) {
     return DecodeCrashBundle(bytes);
   }
   if (bytes.size() < kHeaderBytes) {

@@ -22,6 +22,10 @@
 namespace moert::telemetry {
 
 inline constexpr uint32_t kReproBundleVersion = 1;
+// The crash variant a signal handler writes (telemetry/crash_repro.h): its magic and
+// version, shared by the writer and the reader.
+inline constexpr char kReproCrashMagic[8] = {'M', 'O', 'E', 'R', 'T', 'C', 'R', 'S'};
+inline constexpr uint32_t kReproCrashVersion = 1;
 // The default cap on a bundle file (RuntimeOptions::repro_max_bytes).
 inline constexpr uint64_t kReproDefaultMaxBytes = 5ull << 20;
 // The reader refuses bundles that would inflate past this.

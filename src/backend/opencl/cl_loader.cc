@@ -9,17 +9,10 @@
 namespace moert::backend::opencl {
 namespace {
 
-struct ProcessApi {
-  absl::StatusOr<ClApi> api = absl::UnknownError("not opened");
-};
-
-const ProcessApi& Process() {
-  static const ProcessApi* const process = [] {
-    auto* p = new ProcessApi;
-    p->api = OpenClLibrary(ClLibraryCandidates());
-    return p;
-  }();
-  return *process;
+// Opened once, on first use; never destroyed (the forwarders may run during exit).
+const absl::StatusOr<ClApi>& Process() {
+  static const auto* const api = new absl::StatusOr<ClApi>(OpenClLibrary(ClLibraryCandidates()));
+  return *api;
 }
 
 }  // namespace
@@ -87,14 +80,14 @@ absl::StatusOr<ClApi> OpenClLibrary(const std::vector<std::string>& candidates) 
 }
 
 const ClApi* ProcessClApi() {
-  const ProcessApi& process = Process();
-  return process.api.ok() ? &*process.api : nullptr;
+  const absl::StatusOr<ClApi>& api = Process();
+  return api.ok() ? &*api : nullptr;
 }
 
 std::string ClLoaderError() {
 #if defined(MOERT_OPENCL_DLOPEN)
-  const ProcessApi& process = Process();
-  return process.api.ok() ? std::string() : std::string(process.api.status().message());
+  const absl::StatusOr<ClApi>& api = Process();
+  return api.ok() ? std::string() : std::string(api.status().message());
 #else
   return std::string();
 #endif
