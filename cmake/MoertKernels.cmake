@@ -37,6 +37,25 @@ set(MOERT_AVX2_KERNEL_SOURCES
   ${k}/f32-topk/f32-topk-avx2.cc
   ${k}/f32-gemm/f32-gemm-4x3-avx2.cc
 )
+# x86-64: the VNNI int8 dot products, on top of AVX2 (kernels/vnni-qgemm.h). AVX-VNNI is
+# the VEX form (Alder Lake, Zen 5); AVX512-VNNI the EVEX one with 512-bit registers
+# (Ice Lake, Sapphire Rapids, Zen 4). config.cc picks them at run time.
+set(MOERT_AVXVNNI_KERNEL_SOURCES
+  ${k}/q4-gemv/q4-gemv-1x8-avxvnni.cc
+  ${k}/q4-gemm/q4-gemm-4x8-avxvnni.cc
+  ${k}/q4m-gemv/q4m-gemv-1x8-avxvnni.cc
+  ${k}/q4m-gemm/q4m-gemm-4x8-avxvnni.cc
+  ${k}/q8-gemv/q8-gemv-1x8-avxvnni.cc
+  ${k}/q8-gemm/q8-gemm-4x8-avxvnni.cc
+)
+set(MOERT_AVX512VNNI_KERNEL_SOURCES
+  ${k}/q4-gemv/q4-gemv-1x8-avx512vnni.cc
+  ${k}/q4-gemm/q4-gemm-4x8-avx512vnni.cc
+  ${k}/q4m-gemv/q4m-gemv-1x8-avx512vnni.cc
+  ${k}/q4m-gemm/q4m-gemm-4x8-avx512vnni.cc
+  ${k}/q8-gemv/q8-gemv-1x8-avx512vnni.cc
+  ${k}/q8-gemm/q8-gemm-4x8-avx512vnni.cc
+)
 # aarch64: NEON with the dot-product extension, and with i8mm.
 set(MOERT_NEONDOT_KERNEL_SOURCES
   ${k}/q8-quant/q8-quant-neon.cc
@@ -61,6 +80,24 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND MOERT_AVX2_KERNEL
     COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX2_KERNEL_SOURCES})
   list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX2)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-mavxvnni MOERT_HAVE_MAVXVNNI)
+  if(MOERT_HAVE_MAVXVNNI)
+    set_source_files_properties(${MOERT_AVXVNNI_KERNEL_SOURCES} PROPERTIES
+      COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mavxvnni")
+    list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVXVNNI_KERNEL_SOURCES})
+    list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVXVNNI)
+  endif()
+  # GCC 12's avx512fintrin.h trips its own -Wmaybe-uninitialized (the self-initialised
+  # __Y of _mm512_undefined_epi32 and friends): a false positive in the header.
+  set(moert_avx512_flags -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    list(APPEND moert_avx512_flags -Wno-maybe-uninitialized)
+  endif()
+  set_source_files_properties(${MOERT_AVX512VNNI_KERNEL_SOURCES} PROPERTIES
+    COMPILE_OPTIONS "${moert_avx512_flags}")
+  list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX512VNNI_KERNEL_SOURCES})
+  list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX512VNNI)
 endif()
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$" AND MOERT_NEONDOT_KERNEL_SOURCES)
   set_source_files_properties(${MOERT_NEONDOT_KERNEL_SOURCES} PROPERTIES

@@ -54,6 +54,12 @@ MOERT_AVX2_INLINE __m256 AddScaled(__m256 acc, __m256i isum, __m256 d, float a_d
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), scale));
 }
 
+// acc + (float)a.s * (m * a.d): the W4M offset step of ukernel.h, after AddScaled.
+MOERT_AVX2_INLINE __m256 AddOffset(__m256 acc, __m256 m, const moert_a8_block& a) {
+  const __m256 offset = _mm256_mul_ps(m, _mm256_set1_ps(a.d));
+  return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(a.s)), offset));
+}
+
 // Both 16-byte halves of a 32-value activation block, each broadcast to both lanes.
 MOERT_AVX2_INLINE __m256i BroadcastLo(const moert_a8_block& a) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.qs)));
@@ -147,9 +153,7 @@ struct W4M {
   }
   static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
                                              const moert_a8_block& a) {
-    acc = AddScaled(acc, DotNibbles4(w.n, a), w.d, a.d);
-    const __m256 offset = _mm256_mul_ps(w.m, _mm256_set1_ps(a.d));
-    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(a.s)), offset));
+    return AddOffset(AddScaled(acc, DotNibbles4(w.n, a), w.d, a.d), w.m, a);
   }
 };
 

@@ -2,9 +2,13 @@
 #include "kernels/config.h"
 
 #include <cstdlib>
+#include <span>
 #include <string>
 
 #include <cpuinfo.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -16,6 +20,12 @@
 #if defined(MOERT_KERNELS_AVX2)
 #include "kernels/ukernels-avx2.h"
 #endif
+#if defined(MOERT_KERNELS_AVXVNNI)
+#include "kernels/ukernels-avxvnni.h"
+#endif
+#if defined(MOERT_KERNELS_AVX512VNNI)
+#include "kernels/ukernels-avx512vnni.h"
+#endif
 #if defined(MOERT_KERNELS_NEON)
 #include "kernels/ukernels-neon.h"
 #endif
@@ -26,11 +36,26 @@
 namespace moert::kernels {
 namespace {
 
+// Every ISA, each architecture's from the reference up (AvailableIsas' order).
+constexpr Isa kAllIsas[] = {Isa::kScalar,  Isa::kAvx2,     Isa::kAvxVnni, Isa::kAvx512Vnni,
+                            Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
+
 HardwareConfig DetectHardware() {
   HardwareConfig hw;
   if (!cpuinfo_initialize()) return hw;
 #if defined(__x86_64__) || defined(__i386__)
   hw.avx2 = cpuinfo_has_x86_avx2() && cpuinfo_has_x86_fma3() && cpuinfo_has_x86_f16c();
+  // cpuinfo checks that the OS saves the AVX and AVX-512 state; Debian 12's predates
+  // AVX-VNNI and AMX, which CPUID leaf 7 reports (subleaf 1 EAX bit 4; subleaf 0 EDX
+  // bits 24 and 25). AVX-VNNI uses only the AVX state that avx2 already needs.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool leaf7_1 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0;
+  hw.avx_vnni = hw.avx2 && leaf7_1 && (eax & (1u << 4)) != 0;
+  hw.avx512_vnni = hw.avx2 && cpuinfo_has_x86_avx512f() && cpuinfo_has_x86_avx512bw() &&
+                   cpuinfo_has_x86_avx512vl() && cpuinfo_has_x86_avx512vnni();
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
+    hw.amx_int8 = (edx & (1u << 24)) != 0 && (edx & (1u << 25)) != 0;
+  }
 #endif
 #if defined(__aarch64__)
   hw.neon_dot = cpuinfo_has_arm_neon_dot();
@@ -52,6 +77,18 @@ bool IsaBuilt(Isa isa) {
       return true;
     case Isa::kAvx2:
 #if defined(MOERT_KERNELS_AVX2)
+      return true;
+#else
+      return false;
+#endif
+    case Isa::kAvxVnni:
+#if defined(MOERT_KERNELS_AVXVNNI)
+      return true;
+#else
+      return false;
+#endif
+    case Isa::kAvx512Vnni:
+#if defined(MOERT_KERNELS_AVX512VNNI)
       return true;
 #else
       return false;
@@ -80,6 +117,10 @@ bool CpuRuns(Isa isa) {
       return true;
     case Isa::kAvx2:
       return hw.avx2;
+    case Isa::kAvxVnni:
+      return hw.avx_vnni;
+    case Isa::kAvx512Vnni:
+      return hw.avx512_vnni;
     case Isa::kNeonDot:
       return hw.neon_dot;
     case Isa::kNeonI8mm:
@@ -130,6 +171,16 @@ void Apply(Isa isa, KernelConfig& c) {
       MOERT_APPLY_AVX2_KERNELS(c);
 #endif
       break;
+    case Isa::kAvxVnni:
+#if defined(MOERT_KERNELS_AVXVNNI)
+      MOERT_APPLY_AVXVNNI_KERNELS(c);
+#endif
+      break;
+    case Isa::kAvx512Vnni:
+#if defined(MOERT_KERNELS_AVX512VNNI)
+      MOERT_APPLY_AVX512VNNI_KERNELS(c);
+#endif
+      break;
     case Isa::kNeonDot:
 #if defined(MOERT_KERNELS_NEON)
       MOERT_APPLY_NEONDOT_KERNELS(c);
@@ -151,12 +202,13 @@ void Apply(Isa isa, KernelConfig& c) {
 
 KernelConfig BuildConfig(Isa isa) {
   KernelConfig c = ScalarConfig();
-  // The ARM ISAs build on each other; x86 has one.
+  // Each architecture's ISAs build on each other: a config for `isa` layers every
+  // available step up to it (a CPU with AVX512-VNNI but not AVX-VNNI skips that step).
+  static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni};
   static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
-  if (isa == Isa::kAvx2) {
-    Apply(Isa::kAvx2, c);
-  } else if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
-    for (Isa step : kArmChain) {
+  const bool x86 = isa == Isa::kAvx2 || isa == Isa::kAvxVnni || isa == Isa::kAvx512Vnni;
+  if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
+    for (Isa step : x86 ? std::span<const Isa>(kX86Chain) : std::span<const Isa>(kArmChain)) {
       if (IsaAvailable(step)) Apply(step, c);
       if (step == isa) break;
     }
@@ -197,6 +249,10 @@ const char* IsaName(Isa isa) {
       return "scalar";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvxVnni:
+      return "avxvnni";
+    case Isa::kAvx512Vnni:
+      return "avx512vnni";
     case Isa::kNeonDot:
       return "neondot";
     case Isa::kNeonI8mm:
@@ -208,11 +264,12 @@ const char* IsaName(Isa isa) {
 }
 
 absl::StatusOr<Isa> ParseIsa(std::string_view name) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+  for (Isa isa : kAllIsas) {
     if (name == IsaName(isa)) return isa;
   }
   return absl::InvalidArgumentError(
-      StrCat("unknown ISA \"", name, "\" (expected scalar, avx2, neondot, neoni8mm or sme2)"));
+      StrCat("unknown ISA \"", name,
+             "\" (expected scalar, avx2, avxvnni, avx512vnni, neondot, neoni8mm or sme2)"));
 }
 
 const HardwareConfig& GetHardwareConfig() {
@@ -224,7 +281,7 @@ bool IsaAvailable(Isa isa) { return IsaBuilt(isa) && CpuRuns(isa); }
 
 std::vector<Isa> AvailableIsas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+  for (Isa isa : kAllIsas) {
     if (IsaAvailable(isa)) out.push_back(isa);
   }
   return out;

@@ -1,10 +1,11 @@
 // Which microkernel each family uses on this machine. The CPU is inspected once
 // (cpuinfo, getauxval for SME2) into a KernelConfig: per family a function pointer,
 // its tile shape and the ISA it was written for. Operators read configs, never CPU
-// flags. MOERT_ISA=scalar|avx2|neondot|neoni8mm|sme2 forces a variant (a family
-// without that variant takes the best one below it: sme2 > neoni8mm > neondot >
-// scalar); forcing an ISA the CPU or the build lacks falls back to the default with a
-// warning on stderr.
+// flags. MOERT_ISA=scalar|avx2|avxvnni|avx512vnni|neondot|neoni8mm|sme2 forces a
+// variant (a family without that variant takes the best one below it: avx512vnni >
+// avxvnni > avx2 > scalar, sme2 > neoni8mm > neondot > scalar); forcing an ISA the CPU
+// or the build lacks falls back to the default with a warning on stderr.
+// x86 AMX-INT8 is detected (HardwareConfig::amx_int8) but has no kernels yet.
 #ifndef MOERT_KERNELS_CONFIG_H_
 #define MOERT_KERNELS_CONFIG_H_
 
@@ -17,15 +18,19 @@
 
 namespace moert::kernels {
 
-enum class Isa { kScalar, kAvx2, kNeonDot, kNeonI8mm, kSme2 };
+enum class Isa { kScalar, kAvx2, kAvxVnni, kAvx512Vnni, kNeonDot, kNeonI8mm, kSme2 };
 
-// "scalar", "avx2", "neondot", "neoni8mm", "sme2" (the MOERT_ISA spellings).
+// "scalar", "avx2", "avxvnni", "avx512vnni", "neondot", "neoni8mm", "sme2" (the
+// MOERT_ISA spellings).
 const char* IsaName(Isa isa);
 absl::StatusOr<Isa> ParseIsa(std::string_view name);
 
 // What this CPU can run (read once).
 struct HardwareConfig {
-  bool avx2 = false;  // AVX2 + FMA + F16C
+  bool avx2 = false;         // AVX2 + FMA + F16C
+  bool avx_vnni = false;     // AVX-VNNI (VEX vpdpbusd), with avx2
+  bool avx512_vnni = false;  // AVX512 F + BW + VL + VNNI, with avx2
+  bool amx_int8 = false;     // AMX-TILE + AMX-INT8 (reported; no kernels use it yet)
   bool neon_dot = false;
   bool neon_i8mm = false;
   bool sme2 = false;

@@ -3,6 +3,7 @@
 // round half to even, the sum of the values).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -224,7 +225,8 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,
                          });
 
 TEST(KernelConfigTest, ParsesIsaNames) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kNeonDot,
+                  Isa::kNeonI8mm, Isa::kSme2}) {
     auto parsed = ParseIsa(IsaName(isa));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, isa);
@@ -256,6 +258,29 @@ TEST(KernelConfigTest, ScalarConfigHoldsOnlyScalarKernels) {
     EXPECT_EQ(f.family.gemv_isa, Isa::kScalar);
     EXPECT_EQ(f.family.gemm_isa, Isa::kScalar);
   }
+}
+
+// A VNNI config layers its kernels over AVX2's: the families without a VNNI variant
+// keep the AVX2 kernels, never the scalar ones.
+TEST(KernelConfigTest, VnniConfigsKeepAvx2WhereTheyHaveNoVariant) {
+  std::string skipped;
+  int checked = 0;
+  for (Isa isa : {Isa::kAvxVnni, Isa::kAvx512Vnni}) {
+    auto config = KernelConfigFor(isa);
+    if (!config.ok()) {
+      skipped += std::string(IsaName(isa)) + ": " + std::string(config.status().message()) + "; ";
+      continue;
+    }
+    EXPECT_EQ(config->q8_quant.isa, Isa::kAvx2) << IsaName(isa);
+    EXPECT_EQ(config->q4s24.gemv_isa, Isa::kAvx2) << IsaName(isa);
+    EXPECT_EQ(config->topk.isa, Isa::kAvx2) << IsaName(isa);
+    EXPECT_EQ(config->q4.gemv_isa, isa);
+    EXPECT_EQ(config->q4.gemm_isa, isa);
+    EXPECT_EQ(config->q8.gemv_isa, isa);
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << skipped;  // neither VNNI ISA runs here
+  if (!skipped.empty()) std::printf("skipped %s\n", skipped.c_str());
 }
 
 }  // namespace

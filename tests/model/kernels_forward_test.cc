@@ -230,7 +230,8 @@ TEST(KernelsForwardSlowTest, FullTop1AgreementWithReferencePath) {
 }
 
 TEST(KernelsForward, UnavailableIsaIsAClearError) {
-  for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kNeonDot, kernels::Isa::kSme2}) {
+  for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kAvxVnni, kernels::Isa::kAvx512Vnni,
+                           kernels::Isa::kNeonDot, kernels::Isa::kSme2}) {
     if (kernels::IsaAvailable(isa)) continue;
     ModelLoadOptions options;
     options.isa = isa;

@@ -1,0 +1,9 @@
+// AVX512-VNNI q4m GEMV: one A8 activation row times W4M (asymmetric int4) weight tiles (decode).
+// The block math (512-bit) is in kernels/vnni-qgemm.h.
+#include "kernels/ukernels-avx512vnni.h"
+#include "kernels/vnni-qgemm.h"
+
+MOERT_DECLARE_QGEMM(moert_q4m_gemv_ukernel_1x8__avx512vnni) {
+  moert::kernels::avx2::QGemv<moert::kernels::vnni::W4Mx512>(m, nc, kb, a, a_stride, w, c,
+                                                             c_stride);
+}

@@ -1,0 +1,8 @@
+// AVX512-VNNI q8 GEMM: up to 4 A8 activation rows times W8 (int8) weight tiles (prefill).
+// The block math (256-bit) is in kernels/vnni-qgemm.h.
+#include "kernels/ukernels-avx512vnni.h"
+#include "kernels/vnni-qgemm.h"
+
+MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__avx512vnni) {
+  moert::kernels::avx2::QGemm4<moert::kernels::vnni::W8>(m, nc, kb, a, a_stride, w, c, c_stride);
+}

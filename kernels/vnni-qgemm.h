@@ -1,0 +1,181 @@
+// The VNNI quantized GEMV/GEMM block math: the AVX2 kernels' formats (kernels/avx2-qgemm.h,
+// whose tile loop and loaders they reuse) with the int8 dot products done by vpdpbusd
+// (unsigned bytes times signed bytes, four products summed into each int32 lane) instead
+// of maddubs + hadd + madd. Included by the *-avxvnni.cc files (-mavxvnni: the VEX form,
+// 256-bit) and the *-avx512vnni.cc files (-mavx512f -mavx512bw -mavx512vl -mavx512vnni:
+// the EVEX form, and 512-bit registers for W4 and W4M).
+//
+// Numerics: vpdpbusd adds exact products into int32 lanes without saturation (a lane
+// sums at most 8 products of 15 * 127 for W4, 4 of 128 * 127 for W8), so every block's
+// isum is the exact integer the scalar reference forms, and the float steps are
+// avx2::AddScaled's: every output has the reference's bits.
+#ifndef MOERT_KERNELS_VNNI_QGEMM_H_
+#define MOERT_KERNELS_VNNI_QGEMM_H_
+
+#include <immintrin.h>
+
+#include "kernels/avx2-qgemm.h"
+
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__)) && !defined(__AVXVNNI__)
+#error "kernels/vnni-qgemm.h needs -mavxvnni or -mavx512vnni -mavx512vl"
+#endif
+
+namespace moert::kernels::vnni {
+
+// acc + the dot products of 4 unsigned bytes of u with 4 signed bytes of s, per int32 lane.
+MOERT_AVX2_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+
+// sum over the block of nibble * a per row (no offset), rows in lane order
+// 0,2,4,6,1,3,5,7 (as avx2::DotNibbles4): each register's lane holds one row's four
+// partial sums, and the hadd tree adds them.
+MOERT_AVX2_INLINE __m256i DotNibbles4(const avx2::Nibbles4& n, const moert_a8_block& a) {
+  const __m256i a_lo = avx2::BroadcastLo(a);
+  const __m256i a_hi = avx2::BroadcastHi(a);
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i s[4];
+  MOERT_AVX2_UNROLL
+  for (int p = 0; p < 4; ++p) s[p] = DpBusd(DpBusd(zero, n.lo[p], a_lo), n.hi[p], a_hi);
+  const __m256i s01 = _mm256_hadd_epi32(s[0], s[1]);
+  const __m256i s23 = _mm256_hadd_epi32(s[2], s[3]);
+  return _mm256_hadd_epi32(s01, s23);
+}
+
+// --- 256-bit formats (AVX-VNNI; W8 also under AVX512-VNNI) ----------------------------
+
+struct W4 : avx2::W4 {
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m256i isum = _mm256_sub_epi32(vnni::DotNibbles4(w.n, a), _mm256_set1_epi32(a.s * 8));
+    return avx2::AddScaled(acc, isum, w.d, a.d);
+  }
+};
+
+struct W4M : avx2::W4M {
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    return avx2::AddOffset(avx2::AddScaled(acc, vnni::DotNibbles4(w.n, a), w.d, a.d), w.m, a);
+  }
+};
+
+// |w| times a with w's sign, as avx2::W8; one vpdpbusd per row replaces maddubs + madd.
+struct W8 : avx2::W8 {
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i s[8];
+    MOERT_AVX2_UNROLL
+    for (int r = 0; r < 8; ++r) {
+      const __m256i wr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.b->qs[r]));
+      s[r] = DpBusd(zero, w.abs_w[r], _mm256_sign_epi8(av, wr));
+    }
+    const __m256i h0123 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i h4567 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    const __m256i isum = _mm256_add_epi32(_mm256_blend_epi32(h0123, h4567, 0xF0),
+                                          _mm256_permute2x128_si256(h0123, h4567, 0x21));
+    return avx2::AddScaled(acc, isum, w.d, a.d);
+  }
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+// --- 512-bit W4 and W4M (AVX512-VNNI) -------------------------------------------------
+//
+// A block's 8 rows of 16 bytes are two 64-byte registers: rows 0..3 and rows 4..7, one
+// row per 128-bit lane. The activation halves are broadcast to all four lanes; after
+// the vpdpbusd pairs each lane holds its row's four partial sums. One unpack-add round
+// and one swap-add leave row L's total in dword 4L and row L + 4's in dword 4L + 1 of
+// a register, and one vpermd gathers them in row order: the scales load in row order.
+struct RowOrder {
+  static MOERT_AVX2_INLINE __m128i HalfOrder() {
+    return _mm_set_epi64x(static_cast<int64_t>(avx2::HalfOrderLo(4, 5, 6, 7)),
+                          static_cast<int64_t>(avx2::HalfOrderLo(0, 1, 2, 3)));
+  }
+  static MOERT_AVX2_INLINE __m256 ToRowOrder(__m256 acc) { return acc; }
+};
+
+struct Nibbles8 {
+  __m512i lo[2];
+  __m512i hi[2];
+};
+
+MOERT_AVX2_INLINE Nibbles8 LoadNibbles8(const uint8_t (*qs)[16]) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  Nibbles8 n;
+  MOERT_AVX2_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const __m512i v = _mm512_loadu_si512(qs[4 * h]);
+    n.lo[h] = _mm512_and_si512(v, mask);
+    n.hi[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+  }
+  return n;
+}
+
+// sum over the block of nibble * a per row (no offset), in row order.
+MOERT_AVX2_INLINE __m256i DotNibbles8(const Nibbles8& n, const moert_a8_block& a) {
+  const __m512i a_lo =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.qs)));
+  const __m512i a_hi =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.qs + 16)));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i s[2];
+  MOERT_AVX2_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    s[h] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, n.lo[h], a_lo), n.hi[h], a_hi);
+  }
+  // Lane L: [s0 p0+p2, s1 p0+p2, s0 p1+p3, s1 p1+p3], then the halves swapped and added.
+  const __m512i t =
+      _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+  const __m512i u = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));
+  const __m512i gather = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(gather, u));
+}
+
+struct W4x512 {
+  using Block = moert_w4_block;
+  using Lanes = RowOrder;
+  struct Prepared {
+    Nibbles8 n;
+    __m256 d;
+  };
+  static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
+    return {LoadNibbles8(b.qs), avx2::LoadHalfs(b.d, Lanes::HalfOrder())};
+  }
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m256i isum = _mm256_sub_epi32(DotNibbles8(w.n, a), _mm256_set1_epi32(a.s * 8));
+    return avx2::AddScaled(acc, isum, w.d, a.d);
+  }
+};
+
+struct W4Mx512 {
+  using Block = moert_w4m_block;
+  using Lanes = RowOrder;
+  struct Prepared {
+    Nibbles8 n;
+    __m256 d;
+    __m256 m;
+  };
+  static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
+    return {LoadNibbles8(b.qs), avx2::LoadHalfs(b.d, Lanes::HalfOrder()),
+            avx2::LoadHalfs(b.m, Lanes::HalfOrder())};
+  }
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    return avx2::AddOffset(avx2::AddScaled(acc, DotNibbles8(w.n, a), w.d, a.d), w.m, a);
+  }
+};
+
+#endif  // AVX512F && AVX512BW && AVX512VNNI
+
+}  // namespace moert::kernels::vnni
+
+#endif  // MOERT_KERNELS_VNNI_QGEMM_H_
