@@ -11,12 +11,20 @@
 //
 // --synthetic SHAPE benchmarks a model moert-synth's generator makes on the spot
 // (synth.h), written to a temporary file that is removed once loaded.
+//
+// Decode tests also report their share of the decode roofline (decode_roofline.h):
+// the weight bytes a decoded token reads times tokens/s, over the read bandwidth
+// measured at startup with the bench's threads (--read-bw gives it instead).
+// --routing uniform draws every token-layer's experts uniformly at random
+// (router/router.h): the worst case for the expert pool, where the model's own routing
+// (a random-weight model's especially) repeats experts from token to token.
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -39,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "bench/decode_roofline.h"
 #include "core/strings.h"
 #include "backend/kv_type.h"
 #include "experts/io_mode.h"
@@ -46,6 +55,7 @@
 #include "format/ggml_types.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "router/router.h"
 #include "image_bench.h"
 #include "metrics_file.h"
 #include "moert/version.h"
@@ -85,6 +95,10 @@ struct Params {
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
+  moert::router::RoutingOverride routing = moert::router::RoutingOverride::kModel;
+  uint64_t routing_seed = 1;
+  // The read bandwidth the roofline divides by, in GB/s; 0: measured at startup.
+  float read_bw_gbps = 0;
   // Prefetch of predicted experts, one run of the tests per value (--prefetch on,off).
   std::vector<bool> prefetch = {false};
   int prefetch_depth = 1;
@@ -337,6 +351,32 @@ const std::vector<Flag>& Flags() {
       {"", "--dynamic-k", "P",
        "each token takes the fewest experts whose routing\nprobability reaches P (default off)",
        FloatSetter(&Params::dynamic_k, 0, false, 1, "a probability in (0, 1]")},
+      {"", "--routing", "model|uniform",
+       "who picks the experts: the model's router (default)\nor uniform: k distinct experts "
+       "drawn at random per\ntoken and layer (no locality: the worst case)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         const std::optional<moert::router::RoutingOverride> routing =
+             moert::router::ParseRouting(v);
+         if (!routing) return std::string("expected model or uniform");
+         p.routing = *routing;
+         return std::nullopt;
+       }},
+      {"", "--routing-seed", "N", "the seed of --routing uniform's draws (default 1)",
+       [](std::string_view v, Params& p) -> std::optional<std::string> {
+         const std::string text(v);
+         char* end = nullptr;
+         errno = 0;
+         const unsigned long long seed = std::strtoull(text.c_str(), &end, 10);
+         if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE) {
+           return std::string("expected a number from 0 to 2^64 - 1");
+         }
+         p.routing_seed = seed;
+         return std::nullopt;
+       }},
+      {"", "--read-bw", "GBPS",
+       "the read bandwidth the decode roofline divides by,\nin GB/s (default 0: measured at "
+       "startup with -t\nthreads, as moert-bench-bandwidth measures it)",
+       FloatSetter(&Params::read_bw_gbps, 0, true, 1e30f, "GB/s >= 0 (0: measure)")},
       {"", "--prefetch", "on|off[,...]",
        "prefetch predicted experts while a layer computes;\na list runs the tests once per value "
        "(default off)",
@@ -664,7 +704,13 @@ struct TestResult {
   uint64_t streamed_hidden = 0;    // of those, in before their turn
   uint64_t prefetch_cancelled = 0; // prefetches dropped unread (the layer routed elsewhere)
   uint64_t prefetch_backed_off = 0;
+  // The decode roofline (decode_roofline.h); roofline_tps and roofline_fraction are 0
+  // for a prefill test, whose tokens share their weight reads.
+  double weight_bytes_per_token = 0;
+  double roofline_tps = 0;
+  double roofline_fraction = 0;
 
+  bool decode() const { return n_prompt == 0; }
   int n_tokens() const { return n_prompt + n_gen * std::max(n_sessions, 1); }
   std::string name() const {
     if (n_sessions > 0) return StrCat("tg", n_gen, " x", n_sessions, " @ d", n_depth);
@@ -873,6 +919,13 @@ struct RunInfo {
   int n_threads = 0;
   float router_alpha = 0;
   float dynamic_k = 0;
+  std::string routing = "model";  // --routing
+  uint64_t routing_seed = 0;
+  // The decode roofline's inputs: the weights a token reads and the read bandwidth
+  // (bytes/s; measured, or --read-bw's).
+  moert::bench::DecodeWeights weights;
+  uint32_t n_expert_used = 0;  // the model's k, for a model without a router
+  double read_bw = 0;
   // The model's backend: "CPU" or "OpenCL", with the OpenCL device and driver.
   std::string backend = "CPU";
   std::string device;
@@ -968,6 +1021,8 @@ class JsonPrinter : public Printer {
         {"io_mode", JsonString(r.memory.io_mode)},
         {"router_alpha", absl::StrFormat("%g", info_.router_alpha)},
         {"dynamic_k", absl::StrFormat("%g", info_.dynamic_k)},
+        {"routing", JsonString(info_.routing)},
+        {"routing_seed", StrCat(info_.routing_seed)},
         {"average_k", absl::StrFormat("%.4f", r.average_k)},
         {"router_changed", absl::StrFormat("%.6f", r.router_changed)},
         {"prefetch", r.prefetch ? "true" : "false"},
@@ -979,6 +1034,10 @@ class JsonPrinter : public Printer {
         {"loads_streamed", StrCat(r.loads_streamed)},
         {"streamed_hidden", StrCat(r.streamed_hidden)},
         {"prefetch_cancelled", StrCat(r.prefetch_cancelled)},
+        {"weight_bytes_per_token", absl::StrFormat("%.1f", r.weight_bytes_per_token)},
+        {"read_bw_gbps", absl::StrFormat("%.3f", info_.read_bw * 1e-9)},
+        {"roofline_tps", absl::StrFormat("%.3f", r.roofline_tps)},
+        {"roofline_fraction", absl::StrFormat("%.6f", r.roofline_fraction)},
     };
     std::vector<std::string> ts_text;
     for (double t : ts) ts_text.push_back(absl::StrFormat("%.6f", t));
@@ -1013,6 +1072,11 @@ class MarkdownPrinter : public Printer {
   void Test(const TestResult& r) override {
     const std::vector<double> ts = r.samples_ts();
     const std::string tps = absl::StrFormat("%.2f ± %.2f", Mean(ts), StdDev(ts));
+    if (r.decode()) {
+      roofline_ += absl::StrFormat(
+          "%s: %.2f MiB of weights per token: %.2f t/s at most, %.1f%% of it\n", r.name(),
+          r.weight_bytes_per_token / (1 << 20), r.roofline_tps, 100 * r.roofline_fraction);
+    }
     // "±" is two bytes but one column: pad one more.
     std::printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %21s |\n", info_.model.type.c_str(),
                 Size(info_.model.size).c_str(), Params(info_.model.n_params).c_str(), info_.backend.c_str(),
@@ -1023,6 +1087,13 @@ class MarkdownPrinter : public Printer {
     std::printf("\nbuild: moert %s, isa %s\n", MOERT_VERSION_STRING, info_.isa.c_str());
     if (!info_.device.empty()) {
       std::printf("device: %s, driver %s\n", info_.device.c_str(), info_.driver.c_str());
+    }
+    std::printf("routing: %s\n", info_.routing == "uniform"
+                                      ? StrCat("uniform (seed ", info_.routing_seed, ")").c_str()
+                                      : info_.routing.c_str());
+    if (!roofline_.empty()) {
+      std::printf("decode roofline at a read bandwidth of %.2f GB/s:\n%s", info_.read_bw * 1e-9,
+                  roofline_.c_str());
     }
   }
 
@@ -1040,6 +1111,7 @@ class MarkdownPrinter : public Printer {
   }
 
   const RunInfo& info_;
+  std::string roofline_;  // a line per decode test, printed after the table
 };
 
 // --- Running -------------------------------------------------------------------------
@@ -1155,7 +1227,31 @@ int RunImage(const Params& p, const RunInfo& info, moert::model::Model& model,
   return 0;
 }
 
+// The decode roofline of a finished test (decode_roofline.h).
+void SetRoofline(const RunInfo& info, TestResult& r) {
+  r.weight_bytes_per_token =
+      info.weights.PerToken(r.average_k > 0 ? r.average_k : info.n_expert_used);
+  if (!r.decode() || !(r.weight_bytes_per_token > 0) || !(info.read_bw > 0)) return;
+  r.roofline_tps = info.read_bw / r.weight_bytes_per_token;
+  r.roofline_fraction = Mean(r.samples_ts()) / r.roofline_tps;
+}
+
 int Run(const Params& p) {
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int n_threads = p.threads > 0 ? p.threads : static_cast<int>(cores);
+  // First, while this process has no other threads: the measurement forks.
+  double read_bw = static_cast<double>(p.read_bw_gbps) * 1e9;
+  if (read_bw == 0 && p.n_gen > 0 && p.image.empty()) {
+    absl::StatusOr<double> measured = moert::bench::MeasureReadBandwidth(n_threads);
+    if (measured.ok()) {
+      read_bw = *measured;
+      std::fprintf(stderr, "%s: read bandwidth %.2f GB/s with %d thread(s) (measured)\n", kTool,
+                   read_bw * 1e-9, n_threads);
+    } else {
+      std::fprintf(stderr, "%s: no decode roofline: %s\n", kTool,
+                   std::string(measured.status().message()).c_str());
+    }
+  }
   RemoveOnExit temp_file;
   const auto registry = std::make_shared<moert::telemetry::Registry>();
   moert::telemetry::RegisterRuntimeMetrics(*registry);
@@ -1163,7 +1259,6 @@ int Run(const Params& p) {
       p.metrics, [registry] { return registry->PrometheusText(); }, kTool);
   std::string path = p.model_path;
   std::string filename = p.model_path;
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   if (p.synthetic != nullptr) {
     moert::synth::SynthOptions so;
     so.shape = p.synthetic;
@@ -1194,9 +1289,12 @@ int Run(const Params& p) {
   info.cpu_info = CpuInfo();
   // The kernels' ISA actually dispatched (MOERT_ISA if it is usable here).
   info.isa = moert::kernels::IsaName(moert::kernels::GetKernelConfig().isa);
-  info.n_threads = p.threads > 0 ? p.threads : static_cast<int>(cores);
+  info.n_threads = n_threads;
   info.router_alpha = p.router_alpha;
   info.dynamic_k = p.dynamic_k;
+  info.routing = std::string(moert::router::RoutingName(p.routing));
+  info.routing_seed = p.routing_seed;
+  info.read_bw = read_bw;
 
   std::unique_ptr<moert::model::Model> model;
   std::optional<moert::tokenizer::Tokenizer> tokenizer;  // the image turn's
@@ -1219,6 +1317,8 @@ int Run(const Params& p) {
     options.io_mode = p.io;
     options.router.alpha = p.router_alpha;
     options.router.dynamic_k_p = p.dynamic_k;
+    options.router.routing = p.routing;
+    options.router.routing_seed = p.routing_seed;
     options.resource_monitor.thermal_limit_c = p.thermal_limit;
     options.prefetch = p.prefetch.front();
     options.prefetch_depth = p.prefetch_depth;
@@ -1241,6 +1341,11 @@ int Run(const Params& p) {
     auto loaded = moert::model::Model::Load(**file, options);
     if (!loaded.ok()) return Fail(StrCat("cannot load ", path, ": ", loaded.status().message()));
     model = std::move(*loaded);
+    if (p.routing != moert::router::RoutingOverride::kModel && model->router() == nullptr) {
+      return Fail(StrCat("--routing ", info.routing, " needs a MoE model (this one has no router)"));
+    }
+    info.weights = moert::bench::CountDecodeWeights(**file, model->spec().n_expert);
+    info.n_expert_used = model->spec().n_expert_used;
     const moert::model::BackendStats backend = model->backend_stats();
     info.backend = backend.backend;
     info.device = backend.device;
@@ -1345,6 +1450,7 @@ int Run(const Params& p) {
                        static_cast<unsigned long long>(result->streamed_hidden));
         }
       }
+      SetRoofline(info, *result);
       printer->Test(*result);
     }
     if (rc != 0) break;

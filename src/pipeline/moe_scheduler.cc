@@ -200,9 +200,12 @@ absl::Status MoeScheduler::Run(int layer, TensorRef x, int64_t n, TensorRef out)
     return absl::InvalidArgumentError(StrCat("layer ", layer, " has no MoE block"));
   }
   // Routing on the host where it costs no copies or needs the host's state (the
-  // pool's residency, the prefetcher); else the backend's top-k.
-  const bool on_host =
-      b_.host_memory() || services_->cache != nullptr || !b_.Supports(Op::kTopK);
+  // pool's residency, the prefetcher, the uniform draw's stream); else the backend's
+  // top-k.
+  const bool uniform = services_->router != nullptr &&
+                       services_->router->options().routing == router::RoutingOverride::kUniform;
+  const bool on_host = b_.host_memory() || services_->cache != nullptr ||
+                       !b_.Supports(Op::kTopK) || uniform;
   Route route;
   TensorRef experts, weights;
   MOERT_RETURN_IF_ERROR(RouteBatch(layer, x, n, on_host, &route, &experts, &weights));

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <utility>
 
 #include "core/strings.h"
 
@@ -31,7 +32,51 @@ bool IsResident(std::span<const uint64_t> resident, uint32_t e) {
   return resident.empty() || ((resident[e / 64] >> (e % 64)) & 1u) != 0;
 }
 
+// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a mixing function;
+// every seed, 0 included, starts a full-period stream.
+uint64_t NextRandom(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15u);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, n): draws at or past the largest multiple of n are drawn again, so
+// no value is likelier than another.
+uint32_t RandomBelow(uint64_t* state, uint32_t n) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  uint64_t x = NextRandom(state);
+  while (x >= limit) x = NextRandom(state);
+  return static_cast<uint32_t>(x % n);
+}
+
+// k distinct experts of n, uniformly, into out[0, k) (out holds n): the first k steps
+// of a Fisher-Yates shuffle.
+void DrawUniform(uint64_t* state, uint32_t n, int k, uint32_t* out) {
+  std::iota(out, out + n, 0u);
+  for (uint32_t i = 0; i < static_cast<uint32_t>(k); ++i) {
+    std::swap(out[i], out[i + RandomBelow(state, n - i)]);
+  }
+}
+
 }  // namespace
+
+std::string_view RoutingName(RoutingOverride routing) {
+  switch (routing) {
+    case RoutingOverride::kModel:
+      return "model";
+    case RoutingOverride::kUniform:
+      return "uniform";
+  }
+  return "unknown";
+}
+
+std::optional<RoutingOverride> ParseRouting(std::string_view name) {
+  for (RoutingOverride r : {RoutingOverride::kModel, RoutingOverride::kUniform}) {
+    if (name == RoutingName(r)) return r;
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::vector<float>> ReadModalityBias(const std::string& path) {
   std::ifstream in(path);
@@ -63,7 +108,8 @@ Router::Router(const kernels::KernelConfig& kernels, const RouterOptions& option
       score_(static_cast<size_t>(n_expert)),
       plain_(static_cast<size_t>(n_expert)),
       adjusted_(static_cast<size_t>(n_expert)),
-      in_plain_(static_cast<size_t>(n_expert)) {
+      in_plain_(static_cast<size_t>(n_expert)),
+      draw_state_(options.routing_seed) {
   if (metrics != nullptr) metrics_.emplace(*metrics);
 }
 
@@ -90,6 +136,10 @@ absl::Status Router::Validate(const RouterOptions& options) {
   }
   if (!std::isfinite(options.modality_lambda)) {
     return absl::InvalidArgumentError("modality lambda must be finite");
+  }
+  if (options.routing != RoutingOverride::kModel && options.routing != RoutingOverride::kUniform) {
+    return absl::InvalidArgumentError(StrCat("routing must be model or uniform, got value ",
+                                             static_cast<int>(options.routing)));
   }
   return absl::OkStatus();
 }
@@ -159,7 +209,9 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
   const bool biased = lambda != 0 && !bias_.empty();
   const float* bias = biased ? bias_.data() + static_cast<size_t>(layer) * static_cast<size_t>(ne)
                              : nullptr;
-  const bool adjust = any_missing || biased;
+  const bool uniform = options_.routing == RoutingOverride::kUniform;
+  // A uniform draw has no preference for an adjustment to move.
+  const bool adjust = !uniform && (any_missing || biased);
   // The batch's counts, published once after the loop.
   const RouterStats before = stats_;
 
@@ -179,7 +231,12 @@ void Router::Route(int layer, const float* logits, int64_t n, int n_used, bool r
     const float inv = static_cast<float>(1.0 / sum);
     for (float& v : p_) v *= inv;
 
-    TopK(kernels_, ne, p_.data(), k_max, plain_.data());
+    // The unadjusted choice: the model's top k, or the uniform draw standing in for it.
+    if (uniform) {
+      DrawUniform(&draw_state_, static_cast<uint32_t>(ne), k_max, plain_.data());
+    } else {
+      TopK(kernels_, ne, p_.data(), k_max, plain_.data());
+    }
     const uint32_t* order = plain_.data();
     if (adjust) {
       for (int e = 0; e < ne; ++e) {

@@ -15,6 +15,15 @@
 //              p reaches dynamic_k_p
 // Slots past a token's k hold expert -1 and weight 0 (dynamic and thermal k).
 //
+// RoutingOverride::kUniform (moert-bench --routing uniform) replaces the choice: each
+// (token, layer) takes k distinct experts drawn uniformly at random, in draw order,
+// from a PRNG seeded with routing_seed when the router is made (one stream for the
+// router's life: a run of the same calls draws the same experts). It is the worst case
+// for an expert pool and the prefetcher: no locality from token to token. The weights
+// are p of the drawn experts (renormalised as above); k is computed as above, dynamic k
+// over the draw order; the residency penalty and the modality bias do not apply (and
+// RouterStats::changed stays 0). The drawn experts are what WantedExperts counts.
+//
 // pressure = max(pool pressure, device memory pressure) (router/resource_monitor.h).
 // With pressure 0, lambda 0, a normal temperature and dynamic k off, the experts and
 // weights are bit for bit those of model::RouteToken (the reference path).
@@ -25,6 +34,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +56,14 @@ inline constexpr char kLegacyModalityBiasKey[] = "moert.router.modality_bias";
 // naming the file and the offending token.
 absl::StatusOr<std::vector<float>> ReadModalityBias(const std::string& path);
 
+// Who picks the experts: the model's gate (the default) or a uniform draw (benchmarks).
+enum class RoutingOverride { kModel, kUniform };
+
+// "model" / "uniform".
+std::string_view RoutingName(RoutingOverride routing);
+// The override a name gives; nullopt for any other name.
+std::optional<RoutingOverride> ParseRouting(std::string_view name);
+
 struct RouterOptions {
   // The residency penalty's scale in logits (score_i -= alpha * pressure for a
   // non-resident expert); 0: off at any pressure. docs/routing.md says why 1.
@@ -62,6 +80,10 @@ struct RouterOptions {
   // 1: the degrade policy's reduce_top_k. The thermal limit's drop of one does not come
   // on top of it (the larger of the two applies). 0: none.
   int k_reduction = 0;
+  // kUniform: experts drawn uniformly at random instead of the model's (see the file
+  // comment), from a PRNG seeded with routing_seed.
+  RoutingOverride routing = RoutingOverride::kModel;
+  uint64_t routing_seed = 1;
 };
 
 struct RouterStats {
@@ -91,10 +113,13 @@ class Router {
          int n_expert, ResourceMonitor* monitor, telemetry::Registry* metrics = nullptr);
 
   // InvalidArgument naming the field for options out of range (alpha < 0 or not
-  // finite, dynamic_k_p outside [0, 1], k_min < 1, k_max < k_min when set, ...).
+  // finite, dynamic_k_p outside [0, 1], k_min < 1, k_max < k_min when set, a routing
+  // that is no RoutingOverride, ...).
   static absl::Status Validate(const RouterOptions& options);
 
   const RouterOptions& options() const { return options_; }
+  // The uniform draw's stream goes on where it was (routing_seed seeds it only when
+  // the router is made).
   void set_options(const RouterOptions& options) { options_ = options; }
 
   // Per-layer modality bias (n_expert values each); empty: none.
@@ -147,6 +172,7 @@ class Router {
   std::vector<float> p_, score_;
   std::vector<uint32_t> plain_, adjusted_;
   std::vector<bool> in_plain_;
+  uint64_t draw_state_;  // the uniform draw's PRNG (splitmix64)
 };
 
 }  // namespace moert::router

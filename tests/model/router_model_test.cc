@@ -205,6 +205,35 @@ TEST(RouterModel, ThermalAndDynamicKWithAPoolMatchFullyResident) {
   }
 }
 
+TEST(RouterModel, UniformRoutingIsReproducibleAndNotTheModels) {
+  // moert-bench --routing uniform: distinct random experts, the same for a seed, with
+  // or without a pool (the draw reads no residency), other experts for another seed
+  // and than the model's routing.
+  ModelLoadOptions options = Options();
+  options.router.alpha = 0;
+  options.router.routing = router::RoutingOverride::kUniform;
+  options.router.routing_seed = 5;
+  const Generation uniform = Generate(kQ4, options, 8);
+  ASSERT_FALSE(uniform.routes.empty());
+  for (const Route& r : uniform.routes) {
+    std::vector<int> sorted = r.experts;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_GE(sorted.front(), 0) << ::testing::PrintToString(r);
+    ASSERT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end())
+        << ::testing::PrintToString(r);
+  }
+  EXPECT_EQ(Generate(kQ4, options, 8).routes, uniform.routes);
+  ModelLoadOptions pooled = options;
+  pooled.expert_pool_fraction = 0.25;
+  EXPECT_EQ(Generate(kQ4, pooled, 8).routes, uniform.routes);
+  ModelLoadOptions other_seed = options;
+  other_seed.router.routing_seed = 6;
+  EXPECT_NE(Generate(kQ4, other_seed, 8).routes, uniform.routes);
+  ModelLoadOptions model_routing = options;
+  model_routing.router.routing = router::RoutingOverride::kModel;
+  EXPECT_NE(Generate(kQ4, model_routing, 8).routes, uniform.routes);
+}
+
 TEST(RouterModel, BadRouterOptionsAreLoadErrors) {
   auto file = format::GgufFile::Open(kModels + kQ4);
   ASSERT_TRUE(file.ok());

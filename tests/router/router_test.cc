@@ -530,6 +530,139 @@ TEST(RouterTest, BadOptionsAreNamed) {
   EXPECT_TRUE(Router::Validate(RouterOptions{}).ok());
 }
 
+// Random gate logits for `n` tokens of `n_expert` experts.
+std::vector<float> RandomLogits(int64_t n, int n_expert, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(static_cast<size_t>(n * n_expert));
+  for (float& v : logits) v = normal(rng);
+  return logits;
+}
+
+Routed RouteMany(Router& router, const std::vector<float>& logits, int64_t n, int n_used,
+                 bool renormalize) {
+  Routed r;
+  const size_t slots = static_cast<size_t>(router.slots(n_used));
+  r.experts.resize(static_cast<size_t>(n) * slots);
+  r.weights.resize(static_cast<size_t>(n) * slots);
+  router.Route(0, logits.data(), n, n_used, renormalize, {}, r.experts.data(), r.weights.data());
+  return r;
+}
+
+RouterOptions Uniform(uint64_t seed) {
+  RouterOptions options;
+  options.routing = RoutingOverride::kUniform;
+  options.routing_seed = seed;
+  return options;
+}
+
+TEST(RouterUniformTest, DrawsKDistinctExpertsWeightedByTheirProbabilities) {
+  constexpr int kExperts = 16, kUsed = 4;
+  constexpr int64_t kTokens = 500;
+  const std::vector<float> logits = RandomLogits(kTokens, kExperts, 7);
+  for (bool renormalize : {true, false}) {
+    SCOPED_TRACE(renormalize ? "renormalized" : "plain");
+    Router router(kernels::GetKernelConfig(), Uniform(42), 1, kExperts, nullptr);
+    router.BeginStep();
+    const Routed r = RouteMany(router, logits, kTokens, kUsed, renormalize);
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const std::vector<float> p = Probabilities(std::vector<float>(
+          logits.begin() + t * kExperts, logits.begin() + (t + 1) * kExperts));
+      std::vector<bool> seen(kExperts, false);
+      float chosen_p = 0, sum = 0;
+      for (int i = 0; i < kUsed; ++i) {
+        const int e = r.experts[static_cast<size_t>(t * kUsed + i)];
+        ASSERT_GE(e, 0) << "token " << t;
+        ASSERT_LT(e, kExperts) << "token " << t;
+        ASSERT_FALSE(seen[static_cast<size_t>(e)]) << "token " << t << " drew expert " << e << " twice";
+        seen[static_cast<size_t>(e)] = true;
+        chosen_p += p[static_cast<size_t>(e)];
+        sum += r.weights[static_cast<size_t>(t * kUsed + i)];
+      }
+      for (int i = 0; i < kUsed; ++i) {
+        const size_t at = static_cast<size_t>(t * kUsed + i);
+        const float want = p[static_cast<size_t>(r.experts[at])] / (renormalize ? chosen_p : 1.0f);
+        EXPECT_NEAR(r.weights[at], want, 1e-5f) << "token " << t << " slot " << i;
+      }
+      if (renormalize) {
+        EXPECT_NEAR(sum, 1.0f, 1e-5f) << "token " << t;
+      }
+    }
+    EXPECT_EQ(router.stats().token_layers, static_cast<uint64_t>(kTokens));
+    EXPECT_EQ(router.stats().experts, static_cast<uint64_t>(kTokens * kUsed));
+    EXPECT_EQ(router.stats().changed, 0u);
+    // Over 500 tokens every expert was drawn: the working set is all of them.
+    EXPECT_EQ(router.WantedExperts(1), static_cast<uint64_t>(kExperts));
+  }
+}
+
+TEST(RouterUniformTest, IsDeterministicForASeedAndDiffersAcrossSeeds) {
+  constexpr int kExperts = 32, kUsed = 2;
+  constexpr int64_t kTokens = 64;
+  const std::vector<float> logits = RandomLogits(kTokens, kExperts, 3);
+  const auto draw = [&](uint64_t seed) {
+    Router router(kernels::GetKernelConfig(), Uniform(seed), 1, kExperts, nullptr);
+    router.BeginStep();
+    return RouteMany(router, logits, kTokens, kUsed, true).experts;
+  };
+  EXPECT_EQ(draw(1), draw(1));
+  EXPECT_EQ(draw(99), draw(99));
+  EXPECT_NE(draw(1), draw(2));
+  EXPECT_NE(draw(1), draw(99));
+  // Not the model's choice either.
+  Router model(kernels::GetKernelConfig(), RouterOptions{}, 1, kExperts, nullptr);
+  model.BeginStep();
+  EXPECT_NE(draw(1), RouteMany(model, logits, kTokens, kUsed, true).experts);
+}
+
+TEST(RouterUniformTest, EveryExpertIsDrawnAboutKOverNOfTheTime) {
+  // Logits that all but force expert 0 in the model's routing: the draw ignores them.
+  constexpr int kExperts = 8, kUsed = 2;
+  constexpr int64_t kTokens = 20000;
+  std::vector<float> logits(static_cast<size_t>(kTokens * kExperts), 0.0f);
+  for (int64_t t = 0; t < kTokens; ++t) logits[static_cast<size_t>(t * kExperts)] = 20.0f;
+  Router router(kernels::GetKernelConfig(), Uniform(2024), 1, kExperts, nullptr);
+  router.BeginStep();
+  const Routed r = RouteMany(router, logits, kTokens, kUsed, true);
+  std::vector<int64_t> count(kExperts, 0);
+  for (int e : r.experts) ++count[static_cast<size_t>(e)];
+  // Expected k/n of the tokens (5000); one standard deviation is about 61, so 10%
+  // (500) is 8 of them (and the seed is fixed: the figure cannot move from run to run).
+  const double expected = static_cast<double>(kTokens) * kUsed / kExperts;
+  for (int e = 0; e < kExperts; ++e) {
+    EXPECT_NEAR(static_cast<double>(count[static_cast<size_t>(e)]), expected, 0.1 * expected)
+        << "expert " << e;
+  }
+}
+
+TEST(RouterUniformTest, KeepsDynamicAndReducedK) {
+  constexpr int kExperts = 8;
+  RouterOptions options = Uniform(5);
+  options.k_reduction = 1;
+  Router router(kernels::GetKernelConfig(), options, 1, kExperts, nullptr);
+  router.BeginStep();
+  const std::vector<float> logits = RandomLogits(1, kExperts, 11);
+  const Routed r = Route(router, 0, logits, 3, true);
+  ASSERT_EQ(r.experts.size(), 3u);
+  EXPECT_GE(r.experts[1], 0);
+  EXPECT_EQ(r.experts[2], -1);  // k 3 less one
+  EXPECT_EQ(r.weights[2], 0.0f);
+  EXPECT_NEAR(r.weights[0] + r.weights[1], 1.0f, 1e-6f);
+}
+
+TEST(RouterUniformTest, NamesAndValidation) {
+  EXPECT_EQ(RoutingName(RoutingOverride::kModel), "model");
+  EXPECT_EQ(RoutingName(RoutingOverride::kUniform), "uniform");
+  EXPECT_EQ(ParseRouting("model"), RoutingOverride::kModel);
+  EXPECT_EQ(ParseRouting("uniform"), RoutingOverride::kUniform);
+  EXPECT_EQ(ParseRouting("foo"), std::nullopt);
+  EXPECT_EQ(ParseRouting(""), std::nullopt);
+  EXPECT_TRUE(Router::Validate(Uniform(0)).ok());
+  RouterOptions bad;
+  bad.routing = static_cast<RoutingOverride>(7);
+  EXPECT_NE(std::string(Router::Validate(bad).message()).find("routing"), std::string::npos);
+}
+
 TEST(ResourceMonitorTest, ReadsTheHottestCpuZone) {
   TempDir dir;
   WriteFile(dir.path() / "thermal_zone0/type", "battery\n");

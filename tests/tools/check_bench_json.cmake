@@ -13,8 +13,17 @@
 #   -D EMULATOR="qemu;..." (optional)
 #   -D EXPERT_POOL=1 (optional)  the run has an expert pool: its figures must be set
 #   -D AVERAGE_K="lo,hi" (optional) the range every record's average_k must be in
+#   -D ROUTING=uniform (optional) the routing every record must name (default model)
+# Every decode record must have its roofline (weight bytes per token, the read
+# bandwidth, roofline_fraction > 0); a prefill record has roofline_tps and
+# roofline_fraction 0.
 set(isa "scalar")  # always available; the record must report the ISA in use
 set(ENV{MOERT_ISA} "${isa}")
+# The startup read-bandwidth measurement on 16 MiB, not 256 MiB or more: quick.
+set(ENV{MOERT_BENCH_WORKING_SET_BYTES} 16777216)
+if(NOT ROUTING)
+  set(ROUTING model)
+endif()
 if(TEMP_DIR)
   file(REMOVE_RECURSE "${TEMP_DIR}")
   file(MAKE_DIRECTORY "${TEMP_DIR}")
@@ -90,13 +99,14 @@ if(NOT n_records EQUAL n_tests)
 endif()
 
 set(string_fields build_commit cpu_info backends model_filename model_type type_k type_v
-    test_time isa io_mode pooled_experts)
+    test_time isa io_mode pooled_experts routing)
 set(number_fields model_size model_n_params n_threads n_prompt n_gen n_depth avg_ns stddev_ns
     avg_ts stddev_ts peak_rss_bytes budget_bytes expert_pool_bytes expert_pool_used_bytes
     expert_pool_free_bytes expert_pool_fragmentation expert_hit_rate
     expert_bytes_read_per_token expert_stall_ms_per_token router_alpha dynamic_k average_k
     router_changed prefetch_depth prefetch_precision prefetch_recall loads_hidden
-    loads_waited loads_streamed streamed_hidden prefetch_cancelled n_sessions kv_cache_bytes)
+    loads_waited loads_streamed streamed_hidden prefetch_cancelled n_sessions kv_cache_bytes
+    routing_seed weight_bytes_per_token read_bw_gbps roofline_tps roofline_fraction)
 set(i 0)
 foreach(test IN LISTS TESTS)
   string(REPLACE "," ";" test "${test}")
@@ -131,6 +141,23 @@ foreach(test IN LISTS TESTS)
   expect_equal("${isa}" ${i} isa)
   expect_equal("CPU" ${i} backends)
   expect_equal("${MODEL_FILENAME}" ${i} model_filename)
+  expect_equal("${ROUTING}" ${i} routing)
+  json_get(weight_bytes ${i} weight_bytes_per_token)
+  json_get(read_bw ${i} read_bw_gbps)
+  json_get(roofline_tps ${i} roofline_tps)
+  json_get(roofline_fraction ${i} roofline_fraction)
+  if(NOT weight_bytes GREATER 0)
+    fail("record ${i}: weight_bytes_per_token is ${weight_bytes}, expected > 0")
+  endif()
+  if(n_prompt EQUAL 0)
+    if(NOT read_bw GREATER 0 OR NOT roofline_tps GREATER 0 OR NOT roofline_fraction GREATER 0)
+      fail("record ${i}: decode roofline: read_bw_gbps ${read_bw}, roofline_tps ${roofline_tps}, "
+           "roofline_fraction ${roofline_fraction}; expected all > 0")
+    endif()
+  elseif(NOT roofline_tps EQUAL 0 OR NOT roofline_fraction EQUAL 0)
+    fail("record ${i}: a prefill record with roofline_tps ${roofline_tps}, "
+         "roofline_fraction ${roofline_fraction}")
+  endif()
   json_get(model_type ${i} model_type)
   if(NOT model_type MATCHES "${MODEL_TYPE}")
     fail("record ${i}: model_type '${model_type}' does not match '${MODEL_TYPE}'")
