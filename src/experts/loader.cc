@@ -419,22 +419,20 @@ namespace {
 // A part's error Statuses, naming the expert, the tensor and the file offset.
 absl::Status PartIoError(const ExpertInfo& info, const ExpertPart& part, const std::string& path,
                          int err) {
-  return absl::DataLossError(StrCat(Who(info), ": I/O error reading ", Where(part, path), ": ",
-                                    std::strerror(err)));
+  return absl::DataLossError(
+      StrCat(Who(info), ": I/O error reading ", Where(part, path), ": ", std::strerror(err)));
 }
 
-absl::Status PartShortRead(const ExpertInfo& info, const ExpertPart& part,
-                           const std::string& path, uint64_t got) {
-  return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part, path), ": got ",
-                                    got, " of ", part.file_bytes,
-                                    " bytes (was the file truncated?)"));
+absl::Status PartShortRead(const ExpertInfo& info, const ExpertPart& part, const std::string& path,
+                           uint64_t got) {
+  return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part, path), ": got ", got,
+                                    " of ", part.file_bytes, " bytes (was the file truncated?)"));
 }
 
 }  // namespace
 
-absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info,
-                                                    const ExpertPart& part, uint8_t* slot,
-                                                    const LoaderFault* fault,
+absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info, const ExpertPart& part,
+                                                    uint8_t* slot, const LoaderFault* fault,
                                                     uint64_t* bytes_read) {
   const std::string& path = directory_.path();
   if (fault != nullptr && *fault == LoaderFault::kIoError) {
@@ -447,16 +445,16 @@ absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info,
   // Guarded: the file may have lost these pages since the check before this load.
   const absl::Status copied = mapping_->CopyOut(part.file_offset, {slot, part.file_bytes});
   if (!copied.ok()) {
-    return absl::DataLossError(StrCat(Who(info), ", tensor '", part.tensor, "': ",
-                                      std::string(copied.message())));
+    return absl::DataLossError(
+        StrCat(Who(info), ", tensor '", part.tensor, "': ", std::string(copied.message())));
   }
   AdviseMapped(mapping_->data() + part.file_offset, part.file_bytes, MADV_DONTNEED);
   return std::span<uint8_t>(slot, part.file_bytes);
 }
 
-absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging,
-                               const LoaderFault* fault, ReadEngine& engine,
-                               std::span<uint8_t>* bytes, uint64_t* bytes_read) {
+absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
+                               ReadEngine& engine, std::span<uint8_t>* bytes,
+                               uint64_t* bytes_read) {
   const std::string& path = directory_.path();
   if (fault != nullptr && *fault == LoaderFault::kIoError) {
     return PartIoError(info, info.parts[0], path, EIO);
@@ -550,15 +548,14 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging,
       status = PartShortRead(info, part, path, got > r.at - r.begin ? got - (r.at - r.begin) : 0);
       continue;
     }
-    bytes[p] = std::span<uint8_t>(staging + static_cast<uint64_t>(p) * slot_bytes_ +
-                                      (r.at - r.begin),
-                                  part.file_bytes);
+    bytes[p] = std::span<uint8_t>(
+        staging + static_cast<uint64_t>(p) * slot_bytes_ + (r.at - r.begin), part.file_bytes);
   }
   return status;
 }
 
-LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes,
-                        bool io_thread, ReadEngine* engine) {
+LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread,
+                        ReadEngine* engine) {
   const ExpertInfo& info = *job.info;
   LoadResult result;
   // The file as it was when the model loaded, or a clear error (never SIGBUS).
