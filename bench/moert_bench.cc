@@ -1381,13 +1381,15 @@ int Run(const Params& p) {
     const moert::model::MemoryStats m = model->memory_stats();
     if (m.expert_pool) {
       std::fprintf(stderr,
-                   "%s: expert pool %.1f MiB (%llu of %llu experts), budget %.1f MiB, io %s%s%s\n",
+                   "%s: expert pool %.1f MiB (%llu of %llu experts), budget %.1f MiB, "
+                   "io %s%s%s%s%s\n",
                    kTool, static_cast<double>(m.pool.pool_bytes) / (1 << 20),
                    static_cast<unsigned long long>(m.pool.capacity_experts),
                    static_cast<unsigned long long>(m.all_experts_bytes /
                                                    std::max<uint64_t>(m.pool.block_bytes, 1)),
                    static_cast<double>(m.budget_bytes) / (1 << 20), m.io_mode.c_str(),
-                   m.io_fallback.empty() ? "" : ": ", m.io_fallback.c_str());
+                   m.io_fallback.empty() ? "" : ": ", m.io_fallback.c_str(),
+                   m.io_engine.empty() ? "" : ", reads through ", m.io_engine.c_str());
     }
   }
   temp_file.Remove();

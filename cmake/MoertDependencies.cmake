@@ -6,6 +6,18 @@
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 include(MoertImportedDeps)
+# MOERT_HAVE_IO_URING: the expert loader's io_uring engine is built (experts/read_engine.h).
+if(TARGET moert::uring)
+  set(MOERT_HAVE_IO_URING ON)
+  set(MOERT_URING_PC_LIBS "-luring ")
+  message(STATUS "moert: expert reads through io_uring (${moert_uring_LIBRARY})")
+else()
+  set(MOERT_HAVE_IO_URING OFF)
+  set(MOERT_URING_PC_LIBS "")
+  if(MOERT_IO_URING)
+    message(STATUS "moert: liburing not found; expert reads through pread threads only")
+  endif()
+endif()
 
 # OpenCL: headers through their CMake config where the package has one, otherwise
 # CMake's FindOpenCL (headers + ICD loader). Optional: without it the OpenCL backend

@@ -17,6 +17,7 @@ packages=(
   opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
   prometheus  # promtool: tests/tools checks the --metrics text
   libzstd-dev libsodium-dev  # repro bundles and delta packages (zstd), their signatures
+  liburing-dev  # the expert loader's io_uring reads (optional: MOERT_IO_URING)
   openjdk-17-jdk-headless  # the Java API over JNI (examples/android), its ctest tests (host only)
 )
 want_arm64=0

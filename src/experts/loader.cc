@@ -1,5 +1,5 @@
-// The expert loader's I/O thread: pread (O_DIRECT, buffered) or mapping copy into a
-// staging buffer, checksum, repack into the pool block.
+// The expert loader's I/O thread: chunked reads through a ReadEngine (O_DIRECT,
+// buffered) or mapping copy into a staging buffer, checksum, repack into the pool block.
 #include "experts/loader.h"
 
 #include <fcntl.h>
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "backend/packing.h"
@@ -66,21 +67,8 @@ absl::Status OpenError(const std::string& path, int err) {
   return absl::InternalError(message);
 }
 
-// Reads until `need` bytes are in (asking for up to `want`) or the file ends.
-// Returns the bytes read, or -errno.
-int64_t PreadAtLeast(int fd, uint8_t* buf, uint64_t want, uint64_t need, uint64_t offset) {
-  uint64_t done = 0;
-  while (done < need) {
-    const ssize_t n = ::pread(fd, buf + done, want - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -static_cast<int64_t>(errno);
-    }
-    if (n == 0) break;
-    done += static_cast<uint64_t>(n);
-  }
-  return static_cast<int64_t>(done);
-}
+// Chunks above this would not fit an io_uring read's 32-bit length.
+constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
 
 // madvise over the pages holding [bytes, bytes + n) (the view of a mapping need not
 // start on a page).
@@ -112,6 +100,10 @@ Loader::Loader(const ExpertDirectory& directory, const LoaderOptions& options)
       before_read_(options.before_read_for_testing),
       registry_(telemetry::RegistryOrOwn(options.metrics)),
       metrics_(*registry_),
+      read_queue_depth_(std::max(1u, options.read_queue_depth)),
+      read_chunk_bytes_(options.read_chunk_bytes == 0
+                            ? kMaxChunkBytes
+                            : std::min(options.read_chunk_bytes, kMaxChunkBytes)),
       mode_(options.mode) {}
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& directory,
@@ -168,6 +160,12 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
     return absl::ResourceExhaustedError(
         StrCat("cannot allocate the loader's staging buffer of ", loader->staging_bytes_, " bytes"));
   }
+  if (loader->mapping_ == nullptr) {
+    OpenedReadEngine opened = OpenReadEngine(options.io_engine, loader->read_queue_depth_);
+    loader->engine_ = std::move(opened.engine);
+    loader->engine_kind_ = loader->engine_->kind();
+    loader->engine_fallback_reason_ = std::move(opened.fallback_reason);
+  }
   loader->thread_ = std::thread([l = loader.get()] { l->ThreadMain(); });
   return loader;
 }
@@ -199,6 +197,16 @@ IoMode Loader::mode() const {
 std::string Loader::fallback_reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return fallback_reason_;
+}
+
+std::optional<IoEngine> Loader::io_engine() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_kind_;
+}
+
+std::string Loader::io_engine_fallback_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_fallback_reason_;
 }
 
 LoaderStats Loader::stats() const {
@@ -332,7 +340,9 @@ LoadResult Loader::ReadHere(const Job& job) {
     return result;
   }
   std::span<uint8_t> bytes[kExpertParts];
-  result = Read(job, staging, bytes, /*io_thread=*/false);
+  // Sequential preads: rare, and the I/O thread's engine is its own.
+  OpenedReadEngine preads = OpenReadEngine(IoEngine::kPread, 1);
+  result = Read(job, staging, bytes, /*io_thread=*/false, preads.engine.get());
   if (result.status.ok()) result.status = Commit(job, bytes);
   std::free(staging);
   std::lock_guard<std::mutex> lock(mu_);
@@ -373,7 +383,7 @@ void Loader::ThreadMain() {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
     std::span<uint8_t> bytes[kExpertParts];
-    LoadResult result = Read(*job, staging_, bytes, /*io_thread=*/true);
+    LoadResult result = Read(*job, staging_, bytes, /*io_thread=*/true, engine_.get());
     lock.lock();
     stats_.bytes_read += result.bytes_read;
     metrics_.read_bytes.Increment(result.bytes_read);
@@ -404,81 +414,148 @@ void Loader::SwitchToBuffered(std::string reason) {
   fallback_reason_ = std::move(reason);
 }
 
-absl::StatusOr<std::span<uint8_t>> Loader::ReadPart(const ExpertInfo& info,
-                                                    const ExpertPart& part, uint8_t* slot,
-                                                    const LoaderFault* fault,
+namespace {
+
+// A part's error Statuses, naming the expert, the tensor and the file offset.
+absl::Status PartIoError(const ExpertInfo& info, const ExpertPart& part, const std::string& path,
+                         int err) {
+  return absl::DataLossError(
+      StrCat(Who(info), ": I/O error reading ", Where(part, path), ": ", std::strerror(err)));
+}
+
+absl::Status PartShortRead(const ExpertInfo& info, const ExpertPart& part, const std::string& path,
+                           uint64_t got) {
+  return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part, path), ": got ", got,
+                                    " of ", part.file_bytes, " bytes (was the file truncated?)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info, const ExpertPart& part,
+                                                    uint8_t* slot, const LoaderFault* fault,
                                                     uint64_t* bytes_read) {
   const std::string& path = directory_.path();
-  const auto io_error = [&](int err) {
-    return absl::DataLossError(StrCat(Who(info), ": I/O error reading ", Where(part, path), ": ",
-                                      std::strerror(err)));
-  };
-  const auto short_read = [&](uint64_t got) {
-    return absl::DataLossError(StrCat(Who(info), ": short read of ", Where(part, path), ": got ",
-                                      got, " of ", part.file_bytes,
-                                      " bytes (was the file truncated?)"));
-  };
-  if (fault != nullptr && *fault == LoaderFault::kIoError) return io_error(EIO);
-  const bool simulate_short = fault != nullptr && *fault == LoaderFault::kShortRead;
-
-  if (mapping_ != nullptr) {  // kMmap
-    *bytes_read += part.file_bytes;
-    if (simulate_short) return short_read(part.file_bytes / 2);
-    // Guarded: the file may have lost these pages since the check before this load.
-    const absl::Status copied = mapping_->CopyOut(part.file_offset, {slot, part.file_bytes});
-    if (!copied.ok()) {
-      return absl::DataLossError(StrCat(Who(info), ", tensor '", part.tensor, "': ",
-                                        std::string(copied.message())));
-    }
-    AdviseMapped(mapping_->data() + part.file_offset, part.file_bytes, MADV_DONTNEED);
-    return std::span<uint8_t>(slot, part.file_bytes);
+  if (fault != nullptr && *fault == LoaderFault::kIoError) {
+    return PartIoError(info, part, path, EIO);
   }
+  *bytes_read += part.file_bytes;
+  if (fault != nullptr && *fault == LoaderFault::kShortRead) {
+    return PartShortRead(info, part, path, part.file_bytes / 2);
+  }
+  // Guarded: the file may have lost these pages since the check before this load.
+  const absl::Status copied = mapping_->CopyOut(part.file_offset, {slot, part.file_bytes});
+  if (!copied.ok()) {
+    return absl::DataLossError(
+        StrCat(Who(info), ", tensor '", part.tensor, "': ", std::string(copied.message())));
+  }
+  AdviseMapped(mapping_->data() + part.file_offset, part.file_bytes, MADV_DONTNEED);
+  return std::span<uint8_t>(slot, part.file_bytes);
+}
 
+absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
+                               ReadEngine& engine, std::span<uint8_t>* bytes,
+                               uint64_t* bytes_read) {
+  const std::string& path = directory_.path();
+  if (fault != nullptr && *fault == LoaderFault::kIoError) {
+    return PartIoError(info, info.parts[0], path, EIO);
+  }
   bool direct;
   {
     std::lock_guard<std::mutex> lock(mu_);
     direct = mode_ == IoMode::kDirect;
   }
-  // The part in the file: the GGUF may start inside a bigger one (an APK).
-  const uint64_t at = directory_.file_offset() + part.file_offset;
-  if (direct) {
-    const uint64_t begin = at / kDirectAlignment * kDirectAlignment;
-    const uint64_t end = at + part.file_bytes;
-    const uint64_t want = AlignUp(end, kDirectAlignment) - begin;
-    const uint64_t need = end - begin;
-    int64_t got = fault != nullptr && *fault == LoaderFault::kDirectRefused
-                      ? -int64_t{EINVAL}
-                      : PreadAtLeast(direct_fd_, slot, want, need, begin);
-    if (got == -int64_t{EINVAL}) {
-      SwitchToBuffered(StrCat("an O_DIRECT read was refused (EINVAL) at file offset ", begin,
-                              "; buffered reads with posix_fadvise(DONTNEED) instead"));
-    } else {
-      *bytes_read += want;
-      if (got < 0) return io_error(static_cast<int>(-got));
-      if (simulate_short) got = static_cast<int64_t>(need / 2);
-      if (static_cast<uint64_t>(got) < need) {
-        return short_read(static_cast<uint64_t>(got) > at - begin
-                              ? static_cast<uint64_t>(got) - (at - begin)
-                              : 0);
-      }
-      return std::span<uint8_t>(slot + (at - begin), part.file_bytes);
+  // Where each part is read from: [begin, end) holds its bytes, [begin, want_end) is
+  // asked for (O_DIRECT: both ends on the alignment). The GGUF may start inside a
+  // bigger file (an APK).
+  struct Range {
+    uint64_t at, begin, end, want_end;
+    size_t first_chunk;
+  };
+  Range ranges[kExpertParts];
+  const uint64_t chunk_bytes =
+      direct ? AlignUp(read_chunk_bytes_, kDirectAlignment) : read_chunk_bytes_;
+  std::vector<ChunkRead> chunks;
+  for (int p = 0; p < kExpertParts; ++p) {
+    const ExpertPart& part = info.parts[static_cast<size_t>(p)];
+    Range& r = ranges[p];
+    r.at = directory_.file_offset() + part.file_offset;
+    r.begin = direct ? r.at / kDirectAlignment * kDirectAlignment : r.at;
+    r.end = r.at + part.file_bytes;
+    r.want_end = direct ? AlignUp(r.end, kDirectAlignment) : r.end;
+    r.first_chunk = chunks.size();
+    uint8_t* slot = staging + static_cast<uint64_t>(p) * slot_bytes_;
+    // Every chunk starts before `end` (want_end is less than an alignment past it).
+    for (uint64_t off = r.begin; off < r.want_end; off += chunk_bytes) {
+      const uint64_t want = std::min(chunk_bytes, r.want_end - off);
+      chunks.push_back({.fd = direct ? direct_fd_ : buffered_fd_,
+                        .buf = slot + (off - r.begin),
+                        .want = want,
+                        .need = std::min(off + want, r.end) - off,
+                        .offset = off,
+                        .align = direct ? kDirectAlignment : 1});
     }
   }
-
-  // kBuffered (or after a fallback).
-  *bytes_read += part.file_bytes;
-  int64_t got =
-      PreadAtLeast(buffered_fd_, slot, part.file_bytes, part.file_bytes, at);
-  ::posix_fadvise(buffered_fd_, static_cast<off_t>(at),
-                  static_cast<off_t>(part.file_bytes), POSIX_FADV_DONTNEED);
-  if (got < 0) return io_error(static_cast<int>(-got));
-  if (simulate_short) got = static_cast<int64_t>(part.file_bytes / 2);
-  if (static_cast<uint64_t>(got) < part.file_bytes) return short_read(static_cast<uint64_t>(got));
-  return std::span<uint8_t>(slot, part.file_bytes);
+  if (direct && fault != nullptr && *fault == LoaderFault::kDirectRefused) {
+    for (ChunkRead& c : chunks) c.result = -int64_t{EINVAL};
+  } else {
+    const absl::Status ran = engine.Run(chunks);
+    if (!ran.ok() && &engine == engine_.get()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine_kind_ = engine.kind();
+      engine_fallback_reason_ = std::string(ran.message());
+    }
+  }
+  if (direct) {
+    const auto refused = std::find_if(chunks.begin(), chunks.end(), [](const ChunkRead& c) {
+      return c.result == -int64_t{EINVAL};
+    });
+    if (refused != chunks.end()) {
+      SwitchToBuffered(StrCat("an O_DIRECT read was refused (EINVAL) at file offset ",
+                              refused->offset,
+                              "; buffered reads with posix_fadvise(DONTNEED) instead"));
+      return ReadParts(info, staging, nullptr, engine, bytes, bytes_read);
+    }
+  }
+  for (const ChunkRead& c : chunks) *bytes_read += c.want;
+  absl::Status status;
+  for (int p = 0; p < kExpertParts; ++p) {
+    const ExpertPart& part = info.parts[static_cast<size_t>(p)];
+    const Range& r = ranges[p];
+    if (!direct) {
+      ::posix_fadvise(buffered_fd_, static_cast<off_t>(r.at), static_cast<off_t>(part.file_bytes),
+                      POSIX_FADV_DONTNEED);
+    }
+    if (!status.ok()) continue;  // the first failed part is the one named
+    const size_t last_chunk = p + 1 < kExpertParts ? ranges[p + 1].first_chunk : chunks.size();
+    // The part's bytes in from `begin` on, up to the first chunk that came back short.
+    uint64_t got = r.end - r.begin;
+    for (size_t i = r.first_chunk; i < last_chunk; ++i) {
+      const ChunkRead& c = chunks[i];
+      if (c.result < 0) {
+        status = PartIoError(info, part, path, static_cast<int>(-c.result));
+        break;
+      }
+      if (static_cast<uint64_t>(c.result) < c.need) {
+        got = c.offset + static_cast<uint64_t>(c.result) - r.begin;
+        break;
+      }
+    }
+    if (!status.ok()) continue;
+    if (p == 0 && fault != nullptr && *fault == LoaderFault::kShortRead) {
+      got = (r.end - r.begin) / 2;
+    }
+    if (got < r.end - r.begin) {
+      status = PartShortRead(info, part, path, got > r.at - r.begin ? got - (r.at - r.begin) : 0);
+      continue;
+    }
+    bytes[p] = std::span<uint8_t>(
+        staging + static_cast<uint64_t>(p) * slot_bytes_ + (r.at - r.begin), part.file_bytes);
+  }
+  return status;
 }
 
-LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes,
-                        bool io_thread) {
+LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread,
+                        ReadEngine* engine) {
   const ExpertInfo& info = *job.info;
   LoadResult result;
   // The file as it was when the model loaded, or a clear error (never SIGBUS).
@@ -493,15 +570,21 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
   const std::optional<LoaderFault> taken = TakeFault(info.layer, info.expert);
   const bool has_fault = taken.has_value();
   const LoaderFault fault = taken.value_or(LoaderFault::kShortRead);
-  for (int p = 0; p < kExpertParts; ++p) {
-    auto read = ReadPart(info, info.parts[static_cast<size_t>(p)],
-                         staging + static_cast<uint64_t>(p) * slot_bytes_,
-                         p == 0 && has_fault ? &fault : nullptr, &result.bytes_read);
-    if (!read.ok()) {
-      result.status = read.status();
-      return result;
+  if (mapping_ != nullptr) {  // kMmap
+    for (int p = 0; p < kExpertParts; ++p) {
+      auto copied = CopyPart(info, info.parts[static_cast<size_t>(p)],
+                             staging + static_cast<uint64_t>(p) * slot_bytes_,
+                             p == 0 && has_fault ? &fault : nullptr, &result.bytes_read);
+      if (!copied.ok()) {
+        result.status = copied.status();
+        return result;
+      }
+      bytes[p] = *copied;
     }
-    bytes[p] = *read;
+  } else {
+    result.status = ReadParts(info, staging, has_fault ? &fault : nullptr, *engine, bytes,
+                              &result.bytes_read);
+    if (!result.status.ok()) return result;
   }
   // A bit flipped on its way from the disk, as far as anyone can tell.
   if (has_fault && fault == LoaderFault::kChecksumMismatch && !bytes[0].empty()) {

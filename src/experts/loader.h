@@ -3,13 +3,20 @@
 // the expert's checksum and writes them into the expert's pool block in the runtime
 // layout (backend::PackRows, or a plain copy when the file is already packed).
 //
-// Reads: IoMode::kDirect preads with O_DIRECT (offset, length and buffer aligned to
+// Reads: IoMode::kDirect reads with O_DIRECT (offset, length and buffer aligned to
 // kDirectAlignment); a file system that refuses O_DIRECT (EINVAL at open or at the
 // first read: tmpfs, some overlayfs) makes the loader fall back to kBuffered for good,
-// and fallback_reason() says why. kBuffered preads through the page cache and then
+// and fallback_reason() says why. kBuffered reads through the page cache and then
 // drops the range from it (posix_fadvise DONTNEED), so repeated misses really read the
 // file. kMmap copies out of a read-only mapping and then drops the mapped pages from
 // the resident set (madvise DONTNEED).
+//
+// In kDirect and kBuffered a load's three parts are split into chunks of
+// LoaderOptions::read_chunk_bytes and read together, up to read_queue_depth at a time
+// (experts/read_engine.h): through io_uring where the build has liburing and the
+// kernel allows a ring, else on a pool of pread threads (LoaderOptions::io_engine;
+// io_engine() and io_engine_fallback_reason() say which and why). A Wait that reads
+// an expert itself (below) uses plain sequential preads.
 //
 // Errors reach the waiter as a Status naming the layer, the expert, the tensor and the
 // file offset: a short read and a checksum mismatch are DataLoss, an I/O error is
@@ -69,6 +76,7 @@
 #include "core/mapped_file.h"
 #include "experts/expert_directory.h"
 #include "experts/io_mode.h"
+#include "experts/read_engine.h"
 #include "telemetry/runtime_metrics.h"
 
 namespace moert::experts {
@@ -88,6 +96,12 @@ enum class LoaderFault {
 struct LoaderOptions {
   IoMode mode = IoMode::kDirect;
   size_t queue_capacity = 16;  // Submit blocks while this many loads wait
+  // kDirect and kBuffered: what issues the reads, how many of a load's chunk reads are
+  // in flight at once (0 counts as 1: one read at a time) and how large a chunk is
+  // (0: a part in one read; kDirect rounds it up to kDirectAlignment).
+  IoEngine io_engine = IoEngine::kAuto;
+  unsigned read_queue_depth = 8;
+  uint64_t read_chunk_bytes = 256 * 1024;
   // The longest a Wait (or a Submit on a full queue) waits for the I/O thread before it
   // reads the expert itself (see the file comment); 0: at once. An expert's read takes
   // a few ms from flash, so this only fires on a stuck or badly contended device.
@@ -171,6 +185,13 @@ class Loader {
   IoMode requested_mode() const { return requested_mode_; }
   IoMode mode() const;                  // the mode in force (after any fallback)
   std::string fallback_reason() const;  // empty while the requested mode is in force
+  // The engine the I/O thread reads with (kUring or kPread); nullopt in kMmap, which
+  // copies from a mapping and issues no reads.
+  std::optional<IoEngine> io_engine() const;
+  // Why io_engine() is not io_uring where kAuto or kUring asked for it; empty else.
+  std::string io_engine_fallback_reason() const;
+  unsigned read_queue_depth() const { return read_queue_depth_; }
+  uint64_t read_chunk_bytes() const { return read_chunk_bytes_; }
   uint64_t staging_bytes() const { return staging_bytes_; }
   LoaderStats stats() const;
 
@@ -184,18 +205,28 @@ class Loader {
 
   void ThreadMain();
   // Checks the file, then reads the job's three parts into `staging` (kExpertParts
-  // slots) and checks them; `bytes` gets where each part's file bytes are. Any thread:
-  // the I/O thread with its staging buffer (io_thread: the test hook runs between the
-  // file check and the reads), a Wait past its deadline with one of its own.
-  LoadResult Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread);
+  // slots) with `engine` and checks them; `bytes` gets where each part's file bytes
+  // are. Any thread: the I/O thread with its staging buffer and engine (io_thread: the
+  // test hook runs between the file check and the reads), a Wait past its deadline
+  // with its own.
+  // (`engine` unused in kMmap).
+  LoadResult Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread,
+                  ReadEngine* engine);
   // Writes what Read read into the job's destination.
   absl::Status Commit(const Job& job, const std::span<uint8_t>* bytes);
   // Read and Commit on the calling thread (a Wait past its deadline).
   LoadResult ReadHere(const Job& job);
-  // Reads one part's file bytes into the staging slot `slot`; the span is the bytes.
-  absl::StatusOr<std::span<uint8_t>> ReadPart(const ExpertInfo& info, const ExpertPart& part,
+  // kMmap: copies one part's file bytes into the staging slot `slot`; the span is the
+  // bytes.
+  absl::StatusOr<std::span<uint8_t>> CopyPart(const ExpertInfo& info, const ExpertPart& part,
                                               uint8_t* slot, const LoaderFault* fault,
                                               uint64_t* bytes_read);
+  // kDirect, kBuffered: reads the three parts' file bytes into their staging slots in
+  // chunks, all through `engine` at once; `bytes` gets where each part's bytes are.
+  // `fault` is the gate part's. Switches to buffered reads for good where O_DIRECT is
+  // refused, and reads again buffered.
+  absl::Status ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
+                         ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read);
   void SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
   // Where the next urgent load goes in queue_ (mu_ held).
@@ -220,10 +251,15 @@ class Loader {
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;
   uint64_t slot_bytes_ = 0;
+  std::unique_ptr<ReadEngine> engine_;  // null in kMmap
+  const unsigned read_queue_depth_;
+  const uint64_t read_chunk_bytes_;
 
   mutable std::mutex mu_;
   IoMode mode_;
   std::string fallback_reason_;
+  std::optional<IoEngine> engine_kind_;  // engine_'s, as the I/O thread last saw it
+  std::string engine_fallback_reason_;
   std::condition_variable queue_cv_;  // the thread: work or stop
   std::condition_variable space_cv_;  // Submit: room in the queue
   std::condition_variable done_cv_;   // Wait: a job finished

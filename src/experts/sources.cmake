@@ -10,4 +10,9 @@ list(APPEND MOERT_SOURCES
   experts/hot_set.cc
   experts/io_mode.cc
   experts/loader.cc
+  experts/read_engine.cc
 )
+# The io_uring engine, where liburing is found (cmake/MoertDependencies.cmake).
+if(MOERT_HAVE_IO_URING)
+  list(APPEND MOERT_SOURCES experts/read_engine_uring.cc)
+endif()

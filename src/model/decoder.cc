@@ -550,6 +550,10 @@ MemoryStats DecoderModel::memory_stats() const {
     stats.pool = expert_cache_->stats();
     stats.io_mode = std::string(experts::IoModeName(expert_cache_->loader().mode()));
     stats.io_fallback = expert_cache_->loader().fallback_reason();
+    if (const std::optional<experts::IoEngine> engine = expert_cache_->loader().io_engine()) {
+      stats.io_engine = std::string(experts::IoEngineName(*engine));
+    }
+    stats.io_engine_fallback = expert_cache_->loader().io_engine_fallback_reason();
   }
   if (prefetcher_ != nullptr) {
     stats.prefetch = true;

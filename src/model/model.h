@@ -260,6 +260,8 @@ struct MemoryStats {
   uint64_t experts_per_token = 0; // k: experts one token needs resident together
   std::string io_mode;            // in force ("direct", "buffered", "mmap")
   std::string io_fallback;        // why it is not the one asked for; empty when it is
+  std::string io_engine;          // what reads ("io_uring", "pread"); empty in mmap mode
+  std::string io_engine_fallback; // why not io_uring; empty when it is, or in mmap mode
   uint64_t hot_set_preloaded = 0; // experts the hot set loaded at start
   std::string hot_set_path;       // the hot set's file; empty: no hot set
   std::string hot_set_error;      // why the last SaveHotSet failed; empty when it did not

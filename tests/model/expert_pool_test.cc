@@ -105,6 +105,13 @@ TEST_P(ExpertPoolTest, GreedyTokensAndLogitsMatchFullyResident) {
     EXPECT_EQ(s.io_mode, experts::IoModeName(c.io));
     EXPECT_EQ(s.io_fallback, "");
   }
+  // The engine that reads (io_uring, or the pread pool and why); mmap mode issues no reads.
+  if (c.io == experts::IoMode::kMmap) {
+    EXPECT_EQ(s.io_engine, "");
+  } else {
+    EXPECT_TRUE(s.io_engine == "io_uring" || s.io_engine == "pread") << s.io_engine;
+    EXPECT_EQ(s.io_engine == "pread", !s.io_engine_fallback.empty()) << s.io_engine_fallback;
+  }
   std::printf("%s: %llu hits, %llu misses, %llu evictions, %.1f MiB read\n",
               CaseName({c, 0}).c_str(), static_cast<unsigned long long>(s.pool.hits),
               static_cast<unsigned long long>(s.pool.misses),
