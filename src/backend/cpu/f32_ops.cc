@@ -206,6 +206,20 @@ void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int
 
 namespace {
 
+// o[d] = o[d] + w * v[d] for d < n: the scalar loop's operations, element for element
+// (no fused multiply-add), four lanes at a time.
+void AddScaledRow(float w, const float* v, int64_t n, float* o) {
+  using kernels::f32::V4;
+  const V4 wv = {w, w, w, w};
+  int64_t d = 0;
+  for (; d + 4 <= n; d += 4) {
+    V4 acc = kernels::f32::Load4(o + d);
+    acc += wv * kernels::f32::Load4(v + d);
+    std::memcpy(o + d, &acc, sizeof(acc));
+  }
+  for (; d < n; ++d) o[d] += w * v[d];
+}
+
 // One KV head's slices of a cache's rows as floats: an fp32 cache's in place, a typed
 // one's widened into the task's buffer (`slot` of up to 4 slices, so DotBlock reads
 // four keys at once).
@@ -259,8 +273,10 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     // Causal: positions 0 .. pos0 + t; unmasked: every key.
     const int64_t n_kv = shape.n_kv > 0 ? shape.n_kv : pos0 + t + 1;
     const float* qh = q + (t * shape.n_head + h) * dk;
-    std::vector<float> p(static_cast<size_t>(n_kv));
-    std::vector<float> widened(k_floats + v_floats);
+    // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
+    thread_local std::vector<float> p, widened;
+    p.resize(static_cast<size_t>(n_kv));
+    widened.resize(k_floats + v_floats);
     const HeadSlices keys(k_cache, g * dk, dk, widened.data());
     const HeadSlices values(v_cache, g * dv, dv, widened.data() + k_floats);
     // Scores against the keys four at a time, like a matmul's rows.
@@ -284,11 +300,7 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     const float inv = static_cast<float>(1.0 / sum);
     float* o = out + (t * shape.n_head + h) * dv;
     std::fill(o, o + dv, 0.0f);
-    for (int64_t i = 0; i < n_kv; ++i) {
-      const float w = p[i] * inv;
-      const float* vr = values.Get(i, 0);
-      for (int64_t d = 0; d < dv; ++d) o[d] += w * vr[d];
-    }
+    for (int64_t i = 0; i < n_kv; ++i) AddScaledRow(p[i] * inv, values.Get(i, 0), dv, o);
   });
 }
 
