@@ -66,6 +66,12 @@ absl::Status ApplyUpdate(LoadedModel& loaded, const std::string& package_path,
     loaded.model.swap(weights);
   }
   ++loaded.updates;
+  // Repro bundles name the weights they ran on: the new file's figures (its prefix hash
+  // may not change: the experts lie past it), the package's whole-file hash and the
+  // update count. Sessions read these under forward_mutex, held here.
+  loaded.repro.model =
+      StrCat((*fresh)->repro.model, "update=", loaded.updates,
+             "\ntarget_hash=blake2b:", experts::ToHex(package->manifest.target_hash), "\n");
   steps.unlock();
   // `weights` (the old ones) go here unless a session still holds them.
   telemetry::Log(telemetry::LogLevel::kInfo,

@@ -17,8 +17,10 @@
 
 #include "common/delta_fixture.h"
 #include "common/greedy_request.h"
+#include "experts/delta_apply.h"
 #include "experts/delta_package.h"
 #include "moert/runtime.h"
+#include "telemetry/repro_bundle.h"
 
 namespace moert {
 namespace {
@@ -221,6 +223,36 @@ TEST_F(HotUpdateTest, RefusalsNameTheirReasonAndTheOldWeightsKeepAnswering) {
   const Status other_base = runtime->ApplyUpdate(other_package);
   EXPECT_EQ(other_base.code(), StatusCode::kFailedPrecondition) << other_base.ToString();
   EXPECT_EQ(GreedyIds(*runtime, 16), new_ids);
+}
+
+// A repro bundle written after an update names the weights it ran on: the update count
+// and the new file's whole-file hash (the package's target), which the prefix hash of
+// the model text cannot tell apart when only experts changed.
+TEST_F(HotUpdateTest, ReproBundlesAfterAnUpdateNameTheNewWeights) {
+  auto runtime = Runtime(fixture_.base_path);
+  std::unique_ptr<Session> session;
+  ASSERT_TRUE(runtime->CreateSession(&session).ok());
+  GenerateResult result;
+  ASSERT_TRUE(session->Generate(Greedy(4), {}, &result).ok());
+  const std::string before_path = (dir_ / "before.moert-repro").string();
+  ASSERT_TRUE(session->WriteRepro(before_path).ok());
+  const Status applied = runtime->ApplyUpdate(package_);
+  ASSERT_TRUE(applied.ok()) << applied.ToString();
+  ASSERT_TRUE(session->Generate(Greedy(4), {}, &result).ok());
+  const std::string after_path = (dir_ / "after.moert-repro").string();
+  ASSERT_TRUE(session->WriteRepro(after_path).ok());
+
+  absl::StatusOr<telemetry::ReproBundle> before = telemetry::ReadReproBundle(before_path);
+  absl::StatusOr<telemetry::ReproBundle> after = telemetry::ReadReproBundle(after_path);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(after.ok()) << after.status();
+  absl::StatusOr<experts::FileHash> target = experts::HashFile(fixture_.target_path);
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ(before->model.find("update="), std::string::npos) << before->model;
+  EXPECT_NE(after->model.find("update=1\n"), std::string::npos) << after->model;
+  EXPECT_NE(after->model.find("target_hash=blake2b:" + experts::ToHex(*target)),
+            std::string::npos)
+      << after->model;
 }
 
 TEST_F(HotUpdateTest, AModelLoadedFromAnFdRangeIsRefused) {
