@@ -39,8 +39,9 @@ fi
 
 if [[ $skip != *" tsan "* ]]; then
   # The calls documented for any thread, the loader's and prefetcher's threads, the
-  # budget's ledger: the modules with threads of their own. No OpenCL (PoCL's threads
-  # are not instrumented); the compute pool's hand-offs are annotated (core/thread_pool).
+  # budget's ledger, the read engines' pread workers, hot updates racing steps: the
+  # modules with threads of their own. No OpenCL (PoCL's threads are not instrumented);
+  # the compute pool's hand-offs are annotated (core/thread_pool).
   step "x86_64: runtime, experts, pipeline, memory and telemetry tests under ThreadSanitizer"
   cmake -S . -B "$root/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERT_WERROR=ON \
     -DMOERT_TSAN=ON -DMOERT_OPENCL=OFF -DMOERT_BUILD_BENCH=OFF -DMOERT_BUILD_TOOLS=OFF
@@ -48,7 +49,7 @@ if [[ $skip != *" tsan "* ]]; then
     telemetry_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir "$root/tsan" --output-on-failure -j "$jobs" -LE slow \
-    -R '^(Runtime|Session|ThreadSafety|MemoryBudget|ExpertCache|Loader|ExpertDirectory|Checksum|HotSet|IoMode|Prefetch|Oracle/Prefetch|MoeScheduler|Buddy|Budget|Tiered|CoPlacement|Defrag|Degrade|InferenceGuard|GuardInjection|Metrics|Trace|ModelTrace|Platform)'
+    -R '^(Runtime|Session|ThreadSafety|MemoryBudget|ExpertCache|Loader|ExpertDirectory|Checksum|HotSet|IoMode|Prefetch|Oracle/Prefetch|MoeScheduler|Buddy|Budget|Tiered|CoPlacement|Defrag|Degrade|InferenceGuard|GuardInjection|Metrics|Trace|ModelTrace|Platform|Engines/|IoMode|Delta|HotUpdate|ResidentAndPooled/HotUpdate)'
 fi
 
 if [[ $skip != *" aarch64 "* ]]; then
