@@ -102,6 +102,7 @@ struct Params {
   // Prefetch of predicted experts, one run of the tests per value (--prefetch on,off).
   std::vector<bool> prefetch = {false};
   int prefetch_depth = 1;
+  int io_threads = 1;  // experts::LoaderOptions::io_threads
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
@@ -455,6 +456,9 @@ const std::vector<Flag>& Flags() {
        }},
       {"", "--prefetch-depth", "N", "prefetch for the layer N ahead (default 1)",
        IntSetter(&Params::prefetch_depth, 1, 1 << 16, "layers ahead")},
+      {"", "--io-threads", "N",
+       "expert loader threads: loads read at once, each\nwith its own staging buffer (default 1)",
+       IntSetter(&Params::io_threads, 1, 16, "threads")},
       {"", "--prefetch-protect", "N",
        "prefetch never evicts experts used in the last N\nsteps (default 2, the lazy window)",
        IntSetter(&Params::prefetch_protect, 0, 1 << 16, "steps")},
@@ -1323,6 +1327,7 @@ int Run(const Params& p) {
     options.prefetch = p.prefetch.front();
     options.prefetch_depth = p.prefetch_depth;
     options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
+    options.expert_cache.loader.io_threads = static_cast<unsigned>(p.io_threads);
     options.backend = p.backend;
     options.opencl_pooled_experts = p.pooled_experts;
     options.opencl_kv_half = p.kv_half;

@@ -154,19 +154,25 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const ExpertDirectory& di
   loader->slot_bytes_ =
       AlignUp(directory.max_part_file_bytes() + 2 * kDirectAlignment, kDirectAlignment);
   loader->staging_bytes_ = loader->slot_bytes_ * kExpertParts;
-  loader->staging_ =
-      static_cast<uint8_t*>(std::aligned_alloc(kDirectAlignment, loader->staging_bytes_));
-  if (loader->staging_ == nullptr) {
-    return absl::ResourceExhaustedError(
-        StrCat("cannot allocate the loader's staging buffer of ", loader->staging_bytes_, " bytes"));
+  const size_t io_threads = std::max(options.io_threads, 1u);
+  for (size_t i = 0; i < io_threads; ++i) {
+    auto* staging =
+        static_cast<uint8_t*>(std::aligned_alloc(kDirectAlignment, loader->staging_bytes_));
+    if (staging == nullptr) {
+      return absl::ResourceExhaustedError(StrCat("cannot allocate the loader's staging buffer of ",
+                                                 loader->staging_bytes_, " bytes"));
+    }
+    loader->staging_.push_back(staging);
+    if (loader->mapping_ == nullptr) {
+      OpenedReadEngine opened = OpenReadEngine(options.io_engine, loader->read_queue_depth_);
+      loader->engine_kind_ = opened.engine->kind();
+      if (i == 0) loader->engine_fallback_reason_ = std::move(opened.fallback_reason);
+      loader->engines_.push_back(std::move(opened.engine));
+    }
   }
-  if (loader->mapping_ == nullptr) {
-    OpenedReadEngine opened = OpenReadEngine(options.io_engine, loader->read_queue_depth_);
-    loader->engine_ = std::move(opened.engine);
-    loader->engine_kind_ = loader->engine_->kind();
-    loader->engine_fallback_reason_ = std::move(opened.fallback_reason);
+  for (size_t i = 0; i < io_threads; ++i) {
+    loader->threads_.emplace_back([l = loader.get(), i] { l->ThreadMain(i); });
   }
-  loader->thread_ = std::thread([l = loader.get()] { l->ThreadMain(); });
   return loader;
 }
 
@@ -183,10 +189,12 @@ Loader::~Loader() {
     queue_.clear();
   }
   queue_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (buffered_fd_ >= 0) ::close(buffered_fd_);
-  std::free(staging_);
+  for (uint8_t* staging : staging_) std::free(staging);
 }
 
 IoMode Loader::mode() const {
@@ -365,7 +373,7 @@ void Loader::AdviseWillNeed(const ExpertInfo& info) {
   }
 }
 
-void Loader::ThreadMain() {
+void Loader::ThreadMain(size_t index) {
   telemetry::SetTraceThreadName("moert-loader");
   std::unique_lock<std::mutex> lock(mu_);
   // Whether the job was taken back by its waiter (or the loader is going): mu_ held.
@@ -383,7 +391,8 @@ void Loader::ThreadMain() {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
     std::span<uint8_t> bytes[kExpertParts];
-    LoadResult result = Read(*job, staging_, bytes, /*io_thread=*/true, engine_.get());
+    LoadResult result = Read(*job, staging_[index], bytes, /*io_thread=*/true,
+                             engines_.empty() ? nullptr : engines_[index].get());
     lock.lock();
     stats_.bytes_read += result.bytes_read;
     metrics_.read_bytes.Increment(result.bytes_read);
@@ -499,7 +508,10 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
     for (ChunkRead& c : chunks) c.result = -int64_t{EINVAL};
   } else {
     const absl::Status ran = engine.Run(chunks);
-    if (!ran.ok() && &engine == engine_.get()) {
+    const bool io_thread_engine =
+        std::any_of(engines_.begin(), engines_.end(),
+                    [&engine](const std::unique_ptr<ReadEngine>& e) { return e.get() == &engine; });
+    if (!ran.ok() && io_thread_engine) {
       std::lock_guard<std::mutex> lock(mu_);
       engine_kind_ = engine.kind();
       engine_fallback_reason_ = std::string(ran.message());

@@ -68,6 +68,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -102,6 +103,10 @@ struct LoaderOptions {
   IoEngine io_engine = IoEngine::kAuto;
   unsigned read_queue_depth = 8;
   uint64_t read_chunk_bytes = 256 * 1024;
+  // I/O threads, each with its own read engine and staging buffer: how many loads are
+  // read, checked and written at once (0 counts as 1). With more than one, loads start
+  // in queue order but may finish out of it.
+  unsigned io_threads = 1;
   // The longest a Wait (or a Submit on a full queue) waits for the I/O thread before it
   // reads the expert itself (see the file comment); 0: at once. An expert's read takes
   // a few ms from flash, so this only fires on a stuck or badly contended device.
@@ -192,7 +197,7 @@ class Loader {
   std::string io_engine_fallback_reason() const;
   unsigned read_queue_depth() const { return read_queue_depth_; }
   uint64_t read_chunk_bytes() const { return read_chunk_bytes_; }
-  uint64_t staging_bytes() const { return staging_bytes_; }
+  uint64_t staging_bytes() const { return staging_bytes_ * staging_.size(); }  // all threads'
   LoaderStats stats() const;
 
   // Test hook: the next `times` loads of (layer, expert) meet `fault`.
@@ -203,7 +208,7 @@ class Loader {
  private:
   Loader(const ExpertDirectory& directory, const LoaderOptions& options);
 
-  void ThreadMain();
+  void ThreadMain(size_t index);  // I/O thread `index`: staging_[index], engines_[index]
   // Checks the file, then reads the job's three parts into `staging` (kExpertParts
   // slots) with `engine` and checks them; `bytes` gets where each part's file bytes
   // are. Any thread: the I/O thread with its staging buffer and engine (io_thread: the
@@ -248,17 +253,17 @@ class Loader {
   core::FileIdentity identity_;  // the file as opened
   std::string absolute_path_;    // where it is checked (a later chdir cannot move it)
   // The I/O thread's (mode_ and fallback_reason_ read under mu_).
-  uint8_t* staging_ = nullptr;
-  uint64_t staging_bytes_ = 0;
+  std::vector<uint8_t*> staging_;  // one per I/O thread
+  uint64_t staging_bytes_ = 0;     // of one
   uint64_t slot_bytes_ = 0;
-  std::unique_ptr<ReadEngine> engine_;  // null in kMmap
+  std::vector<std::unique_ptr<ReadEngine>> engines_;  // one per I/O thread; none in kMmap
   const unsigned read_queue_depth_;
   const uint64_t read_chunk_bytes_;
 
   mutable std::mutex mu_;
   IoMode mode_;
   std::string fallback_reason_;
-  std::optional<IoEngine> engine_kind_;  // engine_'s, as the I/O thread last saw it
+  std::optional<IoEngine> engine_kind_;  // the engines', as the I/O threads last saw them
   std::string engine_fallback_reason_;
   std::condition_variable queue_cv_;  // the thread: work or stop
   std::condition_variable space_cv_;  // Submit: room in the queue
@@ -268,7 +273,7 @@ class Loader {
   std::map<std::pair<int, int>, std::pair<LoaderFault, int>> faults_;
   LoaderStats stats_;
   uint64_t delay_us_ = 0;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace moert::experts

@@ -378,6 +378,42 @@ TEST_P(LoaderEngineTest, SameBytesAsOnePreadPerPart) {
   EXPECT_EQ(loader->stats().failed_loads, 0u);
 }
 
+// Two I/O threads, every expert queued before any is waited for (so both threads read
+// at once and loads may finish out of order): each block and checksum is the one
+// pread-per-part load's, each staging buffer the threads' own.
+TEST_P(LoaderEngineTest, TwoIoThreadsGiveTheSameBytes) {
+  std::unique_ptr<Loader> reference = Open(Options(IoEngine::kPread, 1, 0));
+  ASSERT_NE(reference, nullptr);
+  const Loaded want = LoadAll(*reference);
+  LoaderOptions options = Options(GetParam().engine, 4, 8192);
+  options.io_threads = 2;
+  options.queue_capacity = 64;
+  std::unique_ptr<Loader> loader = Open(options);
+  ASSERT_NE(loader, nullptr);
+  if (const std::string missing = UringMissing(*loader); !missing.empty()) {
+    GTEST_SKIP() << missing;
+  }
+  EXPECT_EQ(loader->staging_bytes(), 2 * reference->staging_bytes());
+  std::vector<std::unique_ptr<Block>> blocks;
+  std::vector<Loader::Ticket> tickets;
+  for (int layer = 0; layer < dir_->n_layer(); ++layer) {
+    for (int expert = 0; expert < dir_->n_expert(); ++expert) {
+      const ExpertInfo& info = dir_->info(layer, expert);
+      blocks.push_back(std::make_unique<Block>(info.runtime_bytes));
+      tickets.push_back(loader->Submit(info, blocks.back()->data, std::nullopt));
+    }
+  }
+  ASSERT_EQ(tickets.size(), want.blocks.size());
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    const LoadResult r = loader->Wait(tickets[i]);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(blocks[i]->bytes(), want.blocks[i]) << "load " << i;
+    EXPECT_EQ(r.checksum, want.checksums[i]) << "load " << i;
+  }
+  EXPECT_EQ(loader->stats().loads, want.blocks.size());
+  EXPECT_EQ(loader->stats().bytes_read, reference->stats().bytes_read);
+}
+
 // Chunks smaller than a part that do not divide it (and, in buffered mode, off the
 // alignment), at a depth that does not divide the chunk count: the same bytes, and the
 // bytes asked of the file system are the part ranges, nothing read twice.
