@@ -1,7 +1,8 @@
-// The expert loader: one I/O thread with a bounded queue that reads an expert's
-// gate/up/down bytes from the model file into a staging buffer, checks them against
-// the expert's checksum and writes them into the expert's pool block in the runtime
-// layout (backend::PackRows, or a plain copy when the file is already packed).
+// The expert loader: I/O threads (one by default, LoaderOptions::io_threads) over a
+// bounded queue, each of which reads an expert's gate/up/down bytes from the model
+// file into its own staging buffer, checks them against the expert's checksum and
+// writes them into the expert's pool block in the runtime layout (backend::PackRows,
+// or a plain copy when the file is already packed).
 //
 // Reads: IoMode::kDirect reads with O_DIRECT (offset, length and buffer aligned to
 // kDirectAlignment); a file system that refuses O_DIRECT (EINVAL at open or at the
@@ -48,10 +49,11 @@
 // bytes are dropped too.
 //
 // Threads: Submit, Done and Wait are called from one owner thread (the expert cache's).
-// The destination bytes belong to the loader from Submit until Wait returns. Loads run
-// in queue order, except that urgent loads (ones the compute thread waits for) go
-// before queued prefetches, in the order they were made urgent. A queued load can be
-// cancelled (a prefetch its layer no longer wants).
+// The destination bytes belong to the loader from Submit until Wait returns. Loads
+// start in queue order (with one I/O thread they also end in it), except that urgent
+// loads (ones the compute thread waits for) go before queued prefetches, in the order
+// they were made urgent. A queued load can be cancelled (a prefetch its layer no longer
+// wants).
 #ifndef MOERT_EXPERTS_LOADER_H_
 #define MOERT_EXPERTS_LOADER_H_
 
