@@ -644,8 +644,11 @@ TEST(RouterUniformTest, KeepsDynamicAndReducedK) {
   const std::vector<float> logits = RandomLogits(1, kExperts, 11);
   const Routed r = Route(router, 0, logits, 3, true);
   ASSERT_EQ(r.experts.size(), 3u);
+  // Slots 0 and 1 hold two distinct real experts, slot 2 none (k 3 less one).
   EXPECT_GE(r.experts[1], 0);
-  EXPECT_EQ(r.experts[2], -1);  // k 3 less one
+  EXPECT_LT(r.experts[1], kExperts);
+  EXPECT_NE(r.experts[0], r.experts[1]);
+  EXPECT_EQ(r.experts[2], -1);
   EXPECT_EQ(r.weights[2], 0.0f);
   EXPECT_NEAR(r.weights[0] + r.weights[1], 1.0f, 1e-6f);
 }
