@@ -186,6 +186,16 @@ struct W8 {
     w.d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
     return w;
   }
+  // Row r's int32 sum of the eight lanes of s[r], rows in order.
+  static MOERT_AVX2_INLINE __m256i SumRows(const __m256i (&s)[8]) {
+    // Lane halves: h0123 = rows 0..3 (low-lane sums | high-lane sums), h4567 likewise.
+    const __m256i h0123 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i h4567 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_blend_epi32(h0123, h4567, 0xF0),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x21));
+  }
   static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
                                              const moert_a8_block& a) {
     const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
@@ -196,14 +206,7 @@ struct W8 {
       const __m256i wr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.b->qs[r]));
       s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs_w[r], _mm256_sign_epi8(av, wr)), ones);
     }
-    // Lane halves: h0123 = rows 0..3 (low-lane sums | high-lane sums), h4567 likewise.
-    const __m256i h0123 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i h4567 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i isum = _mm256_add_epi32(_mm256_blend_epi32(h0123, h4567, 0xF0),
-                                          _mm256_permute2x128_si256(h0123, h4567, 0x21));
-    return AddScaled(acc, isum, w.d, a.d);
+    return AddScaled(acc, SumRows(s), w.d, a.d);
   }
 };
 

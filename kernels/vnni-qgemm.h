@@ -75,13 +75,7 @@ struct W8 : avx2::W8 {
       const __m256i wr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.b->qs[r]));
       s[r] = DpBusd(zero, w.abs_w[r], _mm256_sign_epi8(av, wr));
     }
-    const __m256i h0123 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i h4567 =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i isum = _mm256_add_epi32(_mm256_blend_epi32(h0123, h4567, 0xF0),
-                                          _mm256_permute2x128_si256(h0123, h4567, 0x21));
-    return avx2::AddScaled(acc, isum, w.d, a.d);
+    return avx2::AddScaled(acc, SumRows(s), w.d, a.d);
   }
 };
 
