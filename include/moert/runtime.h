@@ -607,10 +607,13 @@ class MOERT_API MoERuntime {
   // (moert-delta make) to the loaded model while it keeps answering: checks the
   // signature against RuntimeOptions::update_public_key and that the model file is the
   // package's base, writes the new model file crash-safely over the old one (write
-  // new, fsync, rename, fsync the folder), loads it, and swaps it in between steps:
-  // a step in flight finishes on the old weights, every session's next step runs on the
-  // new ones (its context evaluated again on them first), and the old weights are freed
-  // when the last session has moved off them. No step ever mixes the two.
+  // new, fsync, rename, fsync the folder), and puts the new weights in between steps:
+  // the changed experts alone where only experts changed and the model runs on the CPU
+  // (resident: converted ahead, copied over the old between two steps; pooled: evicted,
+  // read anew at their next miss), else the new file loaded whole and swapped in. A
+  // step in flight finishes on the old weights, every session's next step runs on the
+  // new ones (its context evaluated again on them first), and old weights swapped out
+  // are freed when the last session has moved off them. No step ever mixes the two.
   // Refusals name their reason and leave the model and its file as they were:
   // FailedPrecondition without a model or key, for a package of another base (or one
   // already applied), or while another update runs; PermissionDenied for a bad

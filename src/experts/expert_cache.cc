@@ -525,6 +525,41 @@ void ExpertCache::Drain() {
   while (!in_flight_.empty()) Collect(in_flight_.front(), OnDeadline::kGiveUp);
 }
 
+absl::Status ExpertCache::SwitchToUpdatedFile(const ExpertDirectory& updated,
+                                               std::span<const std::pair<int, int>> changed) {
+  if (const std::string why = directory_.LayoutDifference(updated); !why.empty()) {
+    return absl::FailedPreconditionError(
+        StrCat(directory_.path(), ": the updated file cannot be read in place: ", why));
+  }
+  for (const auto& [layer, expert] : changed) {
+    MOERT_RETURN_IF_ERROR(CheckExpert(layer, expert));
+    if (entries_[Index(layer, expert)].pins > 0) {
+      return absl::FailedPreconditionError(StrCat("expert ", expert, " of layer ", layer,
+                                                  " is in use: it cannot be replaced now"));
+    }
+  }
+  // The loads in flight read the old file, whose bytes the new one shares but for the
+  // changed experts, which are evicted below.
+  CancelQueuedLoads();
+  Drain();
+  LoaderOptions loader_options = options_.loader;
+  loader_options.metrics = registry_;
+  // The directory's path now names the new file; the old loader keeps the old one open
+  // until it goes.
+  MOERT_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader,
+                         Loader::Create(directory_, loader_options));
+  loader_.swap(loader);
+  loader.reset();
+  directory_.AdoptChecksums(updated);
+  for (const auto& [layer, expert] : changed) {
+    const size_t index = Index(layer, expert);
+    Entry& entry = entries_[index];
+    if (entry.resident) Evict(index);
+    entry.checksum = directory_.stored_checksum(layer, expert);  // nullopt: taken at load
+  }
+  return absl::OkStatus();
+}
+
 uint64_t ExpertCache::capacity_experts() const { return limit_bytes_ / block_bytes_; }
 
 bool ExpertCache::IsResident(int layer, int expert) const {

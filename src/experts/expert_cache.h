@@ -66,6 +66,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -248,6 +249,18 @@ class ExpertCache {
   size_t CancelQueuedLoads();
   // Experts of the largest size the pool holds at once.
   uint64_t capacity_experts() const;
+
+  // An expert hot update rewrote the file (renamed a new one over it) and changed only
+  // the bytes of the experts `changed` ((layer, expert) pairs); `updated` is the new
+  // file's directory. Between steps: finishes the loads in flight (read from the old
+  // file), reads from the new file from now on (a new loader), takes `updated`'s
+  // checksums and evicts the changed experts, so their next Acquire reads the new bytes;
+  // every other resident expert stays (its bytes did not change). FailedPrecondition
+  // naming why when it cannot: `updated` places experts elsewhere or in another layout,
+  // a changed expert is pinned or outside the directory; Loader::Create's errors. On
+  // error the cache and its loader are as they were.
+  absl::Status SwitchToUpdatedFile(const ExpertDirectory& updated,
+                                   std::span<const std::pair<int, int>> changed);
 
   // Loads the given experts in order while they fit without evicting anything (first
   // asking the kernel to read them ahead in buffered and mmap modes). Experts already

@@ -177,4 +177,31 @@ std::optional<uint64_t> ExpertDirectory::stored_checksum(int layer, int expert) 
                            static_cast<size_t>(expert)];
 }
 
+std::string ExpertDirectory::LayoutDifference(const ExpertDirectory& other) const {
+  if (path_ != other.path_ || file_offset_ != other.file_offset_) {
+    return StrCat("the file is another one (", other.path_, ")");
+  }
+  if (file_size_ != other.file_size_) {
+    return StrCat("the file's size changed from ", file_size_, " to ", other.file_size_, " bytes");
+  }
+  if (n_layer_ != other.n_layer_ || n_expert_ != other.n_expert_ ||
+      has_layer_ != other.has_layer_) {
+    return "the layers with routed experts changed";
+  }
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    for (int p = 0; p < kExpertParts; ++p) {
+      const ExpertPart& a = infos_[i].parts[static_cast<size_t>(p)];
+      const ExpertPart& b = other.infos_[i].parts[static_cast<size_t>(p)];
+      if (a.tensor != b.tensor || a.file_offset != b.file_offset || a.file_bytes != b.file_bytes ||
+          a.file_type != b.file_type || a.format != b.format ||
+          a.packed_in_file != b.packed_in_file || a.rows != b.rows || a.cols != b.cols ||
+          a.block_offset != b.block_offset || a.runtime_bytes != b.runtime_bytes) {
+        return StrCat("expert ", infos_[i].expert, " of layer ", infos_[i].layer, " ('", a.tensor,
+                      "') lies elsewhere or has another type");
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace moert::experts

@@ -79,6 +79,13 @@ class ExpertDirectory {
   // The checksum from the file's metadata, when it has one.
   std::optional<uint64_t> stored_checksum(int layer, int expert) const;
 
+  // Empty when `other` (the file after a hot update that changed only experts' bytes)
+  // puts every expert at the same offsets in the same layout as this directory, their
+  // checksums aside; else what differs first, as a sentence.
+  std::string LayoutDifference(const ExpertDirectory& other) const;
+  // Takes `other`'s stored checksums (LayoutDifference(other) is empty).
+  void AdoptChecksums(const ExpertDirectory& other) { stored_checksums_ = other.stored_checksums_; }
+
   int pooled_layers() const { return pooled_layers_; }
   uint64_t expert_count() const { return uint64_t(pooled_layers_) * uint64_t(n_expert_); }
   uint64_t max_runtime_bytes() const { return max_runtime_bytes_; }

@@ -88,6 +88,10 @@ class DecoderModel final : public Model {
   void ApplyMemoryLimits(bool drop_unused) override;
   absl::Status Defragment() override;
   absl::Status UseCpuBackend(std::string_view why) override;
+  // model/expert_update.cc.
+  absl::StatusOr<std::unique_ptr<ExpertUpdate>> PrepareExpertUpdate(
+      const format::GgufFile& file, std::span<const std::pair<int, int>> experts) override;
+  absl::Status CommitExpertUpdate(ExpertUpdate& update) override;
 
   // Loads every tensor (called once by Model::Load); with a budget or an expert pool,
   // sizes them first and sets up the pool (ModelLoadOptions).

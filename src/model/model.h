@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -293,6 +294,16 @@ struct ForwardInput {
   float image_share = 0;
 };
 
+// The new weights of the routed experts a hot update changed, read and converted ahead
+// of the swap (Model::PrepareExpertUpdate), written into the model between two Forward
+// calls (Model::CommitExpertUpdate).
+class ExpertUpdate {
+ public:
+  virtual ~ExpertUpdate() = default;
+  // Bytes it holds until committed (the changed experts' weights; 0 with a pool).
+  virtual uint64_t bytes() const = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -386,6 +397,26 @@ class Model {
   // Repro bundles: per layer, the router's gate logits of the last row the last Forward
   // routed on the host (an empty row: a dense layer, or routed on a device).
   virtual std::vector<std::vector<float>> last_router_logits() const { return {}; }
+  // Expert hot updates in place (runtime/update.cc). `file` is the model's file after
+  // an update that changed only the bytes of the routed experts `experts` ((layer,
+  // expert) pairs); its tensors lie where the loaded file's did. Resident experts: reads
+  // and converts their new weights (any thread; Forward calls may run meanwhile). With
+  // an expert pool: checks that the pool can read the new file in place. Unimplemented
+  // naming why when the model cannot take the update in place (a device backend holds
+  // copies of the weights; the caller loads the new file instead); InvalidArgument
+  // naming the tensor when `file` does not fit the loaded model.
+  virtual absl::StatusOr<std::unique_ptr<ExpertUpdate>> PrepareExpertUpdate(
+      const format::GgufFile& file, std::span<const std::pair<int, int>> experts) {
+    (void)file, (void)experts;
+    return absl::UnimplementedError("this model cannot replace experts in place");
+  }
+  // Between Forward calls (the caller holds them off): the next Forward runs on the new
+  // weights. With a pool the file must already be the new one. On error the model is
+  // unchanged (ExpertCache::SwitchToUpdatedFile's errors).
+  virtual absl::Status CommitExpertUpdate(ExpertUpdate& update) {
+    (void)update;
+    return absl::UnimplementedError("this model cannot replace experts in place");
+  }
   // Repro bundles: the expert pool's state as key=value lines (its figures, each layer's
   // residency bitmap, the buddy allocator's live blocks); empty without a pool.
   virtual std::string pool_state() const { return ""; }

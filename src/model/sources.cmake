@@ -4,6 +4,7 @@ list(APPEND MOERT_SOURCES
   model/weights.cc
   model/weight_lock.cc
   model/decoder.cc
+  model/expert_update.cc
   model/kv_cache.cc
   model/graph.cc
   model/perplexity.cc

@@ -106,7 +106,9 @@ struct LoadedModel {
   ModelSource source;
   RuntimeOptions options;
   std::mutex update_mutex;
-  uint64_t updates = 0;  // under forward_mutex
+  // Written under forward_mutex; sessions compare it with the count their context was
+  // evaluated at (an update in place keeps `model`).
+  std::atomic<uint64_t> updates{0};
 };
 
 // MoERuntime::TrimMemory's work on one model: caps the expert pool (applied now when no
@@ -237,6 +239,9 @@ class MOERT_RUNTIME_HIDDEN Session::Impl {
   std::shared_ptr<runtime::LoadedModel> model_;
   // The weights cache_ belongs to: model_->model, or older ones until the next step.
   std::shared_ptr<model::Model> weights_;
+  // model_->updates when cache_'s context was last evaluated: an update in place (the
+  // same weights_ with new experts) shows only there.
+  uint64_t weights_updates_ = 0;
   std::unique_ptr<model::KvCache> cache_;
   // Held while Generate or Reset use the cache (ReleaseIfIdle keeps off it then).
   std::mutex busy_;

@@ -382,24 +382,34 @@ std::vector<float> EmbeddingsOf(std::span<const runtime::EmbeddingRow> rows) {
 }  // namespace
 
 absl::Status Session::Impl::FollowWeights() {
-  if (weights_ == model_->model) return absl::OkStatus();
+  const uint64_t updates = model_->updates.load();
+  const bool same_weights = weights_ == model_->model;
+  if (same_weights && weights_updates_ == updates) return absl::OkStatus();
   // The cached context came from the old weights: evaluate it again on the new ones, so
-  // that what follows is what the new model gives for this context.
-  auto cache = model_->model->NewKvCache(cache_->capacity());
-  if (!cache.ok()) return cache.status();
+  // that what follows is what the new model gives for this context. Experts replaced in
+  // place (the same weights object): into the same cache, from its start; new weights:
+  // into a cache of theirs.
+  std::unique_ptr<model::KvCache> fresh;
+  if (!same_weights) {
+    MOERT_ASSIGN_OR_RETURN(fresh, model_->model->NewKvCache(cache_->capacity()));
+  }
+  model::KvCache* cache = same_weights ? cache_.get() : fresh.get();
   const size_t n = std::min(static_cast<size_t>(cache_->size()), tokens_.size());
+  cache->Truncate(0);
   if (n > 0) {
     const std::span<const int32_t> prefix = std::span<const int32_t>(tokens_).subspan(0, n);
     const std::vector<float> embeddings = EmbeddingsOf(
         std::span<const runtime::EmbeddingRow>(rows_).subspan(0, CountEmbeddingPositions(prefix)));
     std::vector<float> logits;
     MOERT_RETURN_IF_ERROR(model_->model->Forward(
-        model::ForwardInput{prefix, embeddings, image_share_}, cache->get(),
-        model::LogitsFor::kLast, &logits));
+        model::ForwardInput{prefix, embeddings, image_share_}, cache, model::LogitsFor::kLast,
+        &logits));
     evaluated_tokens_ += static_cast<int64_t>(n);
     stats_.prefill_tokens += static_cast<int>(n);
   }
-  cache_ = std::move(*cache);  // the old cache goes before the old weights
+  weights_updates_ = updates;
+  if (same_weights) return absl::OkStatus();
+  cache_ = std::move(fresh);  // the old cache goes before the old weights
   weights_ = model_->model;
   actuator_.Rebind(weights_.get());
   degrade_metrics_.Rebind(weights_.get());
@@ -485,6 +495,7 @@ Session::Impl::Impl(std::shared_ptr<runtime::LoadedModel> model,
                     bool stateless)
     : model_(std::move(model)),
       weights_(std::move(weights)),
+      weights_updates_(model_->updates.load()),
       cache_(std::move(cache)),
       stateless_(stateless),
       policy_(model_->degrade),

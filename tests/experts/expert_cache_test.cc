@@ -4,9 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include "experts/delta_make.h"
 
 #include "experts/test_model.h"
 #include "telemetry/metrics.h"
@@ -495,6 +500,76 @@ TEST(ExpertCache, OutsideTheDirectoryIsInvalidArgument) {
   EXPECT_EQ(cache->Acquire(2, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->Acquire(0, 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cache->Acquire(-1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A hot update renames a new file over the model with only some experts' bytes changed:
+// the cache reads the new file from then on, evicts the changed experts (their next
+// load has the new bytes) and keeps the others resident.
+TEST(ExpertCache, SwitchToUpdatedFileReplacesOnlyTheChangedExperts) {
+  const TestModel model = Model("switch");
+  auto cache = Cache(model, 8 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) Use(*cache, model, l, e);
+  }
+  const std::vector<std::pair<int, int>> changed = {{0, 1}, {1, 3}};
+  auto bytes = PerturbExperts(*model.file, changed, 0.5, 3, 2);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string staged = model.path + ".new";
+  {
+    std::ofstream out(staged, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+    ASSERT_TRUE(out.flush());
+  }
+  ASSERT_EQ(std::rename(staged.c_str(), model.path.c_str()), 0);
+  TestModel updated;
+  updated.path = model.path;
+  updated.options = model.options;
+  auto file = format::GgufFile::Open(model.path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  updated.file = std::move(*file);
+  for (const auto& [l, e] : changed) {
+    ASSERT_NE(updated.ExpectedBlock(l, e), model.ExpectedBlock(l, e)) << l << "/" << e;
+  }
+
+  // Pinned: refused, nothing changed.
+  ASSERT_TRUE(cache->Acquire(0, 1).ok());
+  const absl::Status pinned = cache->SwitchToUpdatedFile(updated.Directory(), changed);
+  EXPECT_EQ(pinned.code(), absl::StatusCode::kFailedPrecondition) << pinned;
+  EXPECT_NE(pinned.message().find("expert 1 of layer 0 is in use"), std::string::npos) << pinned;
+  cache->Release(0, 1);
+  EXPECT_TRUE(cache->IsResident(0, 1));
+
+  const absl::Status switched = cache->SwitchToUpdatedFile(updated.Directory(), changed);
+  ASSERT_TRUE(switched.ok()) << switched;
+  const uint64_t loads = cache->stats().misses;
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      const bool is_changed = (l == 0 && e == 1) || (l == 1 && e == 3);
+      EXPECT_EQ(cache->IsResident(l, e), !is_changed) << l << "/" << e;
+      Use(*cache, updated, l, e);  // the new bytes for the changed, the same for the rest
+    }
+  }
+  EXPECT_EQ(cache->stats().misses, loads + 2);
+  // And once evicted, every expert loads from the new file again.
+  cache->EvictAll();
+  Use(*cache, updated, 0, 1);
+  Use(*cache, updated, 0, 0);
+}
+
+TEST(ExpertCache, SwitchToUpdatedFileRefusesAnotherLayout) {
+  const TestModel model = Model("switch-layout");
+  auto cache = Cache(model, 8 * 128 * kKiB);
+  ASSERT_NE(cache, nullptr);
+  Use(*cache, model, 0, 0);
+  const TestModel other = Model("switch-other", {format::GgmlType::kQ4_0, format::GgmlType::kQ8_0});
+  const absl::Status refused = cache->SwitchToUpdatedFile(other.Directory(), {{{0, 0}}});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("cannot be read in place"), std::string::npos) << refused;
+  // The cache is as it was: the expert stays resident and loads still work.
+  EXPECT_TRUE(cache->IsResident(0, 0));
+  cache->EvictAll();
+  Use(*cache, model, 0, 0);
 }
 
 }  // namespace

@@ -18,7 +18,9 @@
 #include "common/delta_fixture.h"
 #include "common/greedy_request.h"
 #include "experts/delta_apply.h"
+#include "experts/delta_make.h"
 #include "experts/delta_package.h"
+#include "format/gguf.h"
 #include "moert/runtime.h"
 #include "telemetry/repro_bundle.h"
 
@@ -56,6 +58,10 @@ class HotUpdateTest : public ::testing::Test {
     options.hot_set = false;
     options.cache_dir = (dir_ / "cache").string();
     options.expert_pool_fraction = pool_fraction;
+    // Routing that does not prefer resident experts: a pool's outputs are then those of
+    // resident experts whatever the pool held before (an update in place keeps the
+    // unchanged experts resident, a reload starts empty).
+    options.router_alpha = 0;
     if (with_key) options.update_public_key = PublicKey();
     std::unique_ptr<MoERuntime> runtime;
     EXPECT_TRUE(MoERuntime::Create(options, &runtime).ok());
@@ -71,6 +77,14 @@ class HotUpdateTest : public ::testing::Test {
     const Status status = session->Generate(Greedy(n), {}, &result);
     EXPECT_TRUE(status.ok()) << status.ToString();
     return result.tokens;
+  }
+
+  // The count of updates applied `how` ("in_place", "reload") in the runtime's metrics.
+  static int Updates(MoERuntime& runtime, const std::string& how) {
+    const std::string text = runtime.Metrics();
+    const std::string key = "moert_expert_updates_total{how=\"" + how + "\"} ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? 0 : std::stoi(text.substr(at + key.size()));
   }
 
   std::filesystem::path dir_;
@@ -96,24 +110,22 @@ TEST_P(HotUpdatePoolTest, AfterAnUpdateTheRuntimeAnswersAsOneLoadedFromTheNewFil
   ASSERT_TRUE(applied.ok()) << applied.ToString();
   EXPECT_EQ(GreedyIds(*runtime, 24), expected);
   EXPECT_NE(before, expected);
+  // Only experts changed: they were replaced in place, the model was not loaded again.
+  EXPECT_EQ(Updates(*runtime, "in_place"), 1);
+  EXPECT_EQ(Updates(*runtime, "reload"), 0);
   // The file on disk is the new model, byte for byte, with no temporary left beside it.
   EXPECT_EQ(test_util::ReadBytes(fixture_.base_path), test_util::ReadBytes(fixture_.target_path));
   EXPECT_FALSE(std::filesystem::exists(fixture_.base_path + ".moert-update"));
 }
 
-INSTANTIATE_TEST_SUITE_P(ResidentAndPooled, HotUpdatePoolTest, ::testing::Values(0.0, 0.4),
-                         [](const ::testing::TestParamInfo<double>& param) {
-                           return param.param == 0.0 ? std::string("resident")
-                                                    : std::string("pool");
-                         });
 
-TEST_F(HotUpdateTest, AGenerationAcrossAnUpdateHasOldTokensBeforeAndNewTokensAfter) {
+TEST_P(HotUpdatePoolTest, AGenerationAcrossAnUpdateHasOldTokensBeforeAndNewTokensAfter) {
   constexpr int kBefore = 6;
   constexpr int kTotal = 20;
   auto old_model = Runtime(fixture_.base_path);
   const std::vector<int32_t> old_ids = GreedyIds(*old_model, kTotal);
 
-  auto runtime = Runtime(fixture_.base_path);
+  auto runtime = Runtime(fixture_.base_path, GetParam());
   std::unique_ptr<Session> session;
   ASSERT_TRUE(runtime->CreateSession(&session).ok());
   std::string text_before;
@@ -158,6 +170,50 @@ TEST_F(HotUpdateTest, AGenerationAcrossAnUpdateHasOldTokensBeforeAndNewTokensAft
   EXPECT_EQ(std::vector<int32_t>(result.tokens.begin() + kBefore, result.tokens.end()), after.tokens);
   EXPECT_NE(std::vector<int32_t>(result.tokens.begin() + kBefore, result.tokens.end()),
             std::vector<int32_t>(old_ids.begin() + kBefore, old_ids.end()));
+  EXPECT_EQ(Updates(*runtime, "in_place"), 1);
+}
+
+// A package whose header changes beyond the experts' checksums (here the model's name)
+// cannot be applied in place: the runtime loads the new file instead, and answers as
+// one loaded from it.
+TEST_P(HotUpdatePoolTest, AHeaderChangeLoadsTheModelAgain) {
+  std::vector<uint8_t> target = test_util::ReadBytes(fixture_.target_path);
+  {
+    auto parsed = format::GgufFile::FromBuffer(target, "target");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    const format::GgufKeyValue* name = (*parsed)->FindKey("general.name");
+    ASSERT_NE(name, nullptr);
+    ASSERT_FALSE(name->value.str.empty());
+    const size_t at = static_cast<size_t>(
+        reinterpret_cast<const uint8_t*>(name->value.str.data()) - target.data());
+    target[at] = target[at] == 'X' ? 'Y' : 'X';  // same length: only bytes move
+  }
+  const std::string renamed = (dir_ / "renamed.gguf").string();
+  test_util::WriteBytes(renamed, target);
+  const std::vector<uint8_t> base_bytes = test_util::ReadBytes(fixture_.base_path);
+  auto base = format::GgufFile::FromBuffer(base_bytes, "base");
+  auto updated = format::GgufFile::FromBuffer(target, "renamed");
+  ASSERT_TRUE(base.ok() && updated.ok());
+  auto package = experts::MakeDeltaPackage(**base, **updated, fixture_.keys.secret_key);
+  ASSERT_TRUE(package.ok()) << package.status();
+  const std::string path = (dir_ / "renamed.moert-delta").string();
+  test_util::WriteBytes(path, *package);
+
+  auto reference = Runtime(renamed, GetParam());
+  const std::vector<int32_t> expected = GreedyIds(*reference, 24);
+  auto runtime = Runtime(fixture_.base_path, GetParam());
+  std::unique_ptr<Session> session;  // a session on the old weights, across the update
+  ASSERT_TRUE(runtime->CreateSession(&session).ok());
+  GenerateResult first;
+  ASSERT_TRUE(session->Generate(Greedy(4), {}, &first).ok());
+  const Status applied = runtime->ApplyUpdate(path);
+  ASSERT_TRUE(applied.ok()) << applied.ToString();
+  EXPECT_EQ(Updates(*runtime, "reload"), 1);
+  EXPECT_EQ(Updates(*runtime, "in_place"), 0);
+  EXPECT_EQ(GreedyIds(*runtime, 24), expected);
+  EXPECT_EQ(test_util::ReadBytes(fixture_.base_path), target);
+  GenerateResult next;
+  EXPECT_TRUE(session->Generate(Greedy(4), {}, &next).ok());
 }
 
 TEST_F(HotUpdateTest, RefusalsNameTheirReasonAndTheOldWeightsKeepAnswering) {
@@ -285,6 +341,12 @@ TEST_F(HotUpdateTest, TwoUpdatesRacingApplyOnce) {
   auto reference = Runtime(fixture_.target_path);
   EXPECT_EQ(GreedyIds(*runtime, 16), GreedyIds(*reference, 16));
 }
+
+INSTANTIATE_TEST_SUITE_P(ResidentAndPooled, HotUpdatePoolTest, ::testing::Values(0.0, 0.4),
+                         [](const ::testing::TestParamInfo<double>& param) {
+                           return param.param == 0.0 ? std::string("resident")
+                                                    : std::string("pool");
+                         });
 
 }  // namespace
 }  // namespace moert
