@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -88,6 +89,18 @@ absl::Status MappedFile::CopyOut(uint64_t offset, std::span<uint8_t> dst) const 
         where(), " cannot be read (SIGBUS): the file shrank since it was mapped"));
   }
   return absl::OkStatus();
+}
+
+void MappedFile::DropPages(uint64_t offset, uint64_t n) const {
+  if (offset >= size_ || n == 0) return;
+  n = std::min<uint64_t>(n, size_ - offset);
+  const long page_long = sysconf(_SC_PAGESIZE);
+  const uintptr_t page = page_long > 0 ? static_cast<uintptr_t>(page_long) : 4096;
+  // The mapping starts on the page below data_, so rounding down stays inside it.
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_ + offset) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data_ + offset + n);
+  // Only a hint: on failure the pages just stay.
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

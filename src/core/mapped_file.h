@@ -48,6 +48,11 @@ class MappedFile {
   // DataLoss naming the path and the range when it lies outside the mapping or its
   // pages are gone (the file shrank since it was mapped), never SIGBUS.
   absl::Status CopyOut(uint64_t offset, std::span<uint8_t> dst) const;
+  // Drops the pages holding the view's bytes [offset, offset + n) from the resident set
+  // (madvise MADV_DONTNEED: they stay in the page cache, and a later read maps them
+  // again; the bytes never change). For a pass over a large file that should not grow
+  // the process's resident set by the file's size. A range past the view is clipped.
+  void DropPages(uint64_t offset, uint64_t n) const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size, const FileIdentity& identity)

@@ -181,8 +181,9 @@ const char* ApplyStepName(ApplyStep step) {
   return "?";
 }
 
-absl::Status CheckDeltaBase(std::span<const uint8_t> base, const DeltaManifest& m) {
-  const FileHash hash = HashBytes(base);
+absl::Status CheckDeltaBase(std::span<const uint8_t> base, const DeltaManifest& m,
+                            const FileHash* base_hash) {
+  const FileHash hash = base_hash != nullptr ? *base_hash : HashBytes(base);
   if (base.size() != m.base_size || hash != m.base_hash) {
     if (base.size() == m.target_size && hash == m.target_hash) {
       return absl::FailedPreconditionError(
@@ -219,7 +220,10 @@ absl::StatusOr<DeltaApplyResult> ApplyDeltaFile(const std::string& base_path,
     MOERT_ASSIGN_OR_RETURN(const std::unique_ptr<core::MappedFile> mapped,
                            core::MappedFile::Open(base_path));
     const std::span<const uint8_t> base = mapped->bytes();
-    MOERT_RETURN_IF_ERROR(CheckDeltaBase(base, m));
+    // Each pass over the model drops the pages it read from the resident set: an update
+    // does not grow the process by the model's size (the page cache keeps them).
+    const FileHash base_hash = HashMapped(*mapped);
+    MOERT_RETURN_IF_ERROR(CheckDeltaBase(base, m, &base_hash));
     MOERT_RETURN_IF_ERROR(temp.Open());
     std::vector<uint8_t> prefix, out;
     // The header, then the data section copied, then each expert over its place.
@@ -230,6 +234,7 @@ absl::StatusOr<DeltaApplyResult> ApplyDeltaFile(const std::string& base_path,
       const uint64_t n = std::min(kChunk, m.base_size - at);
       MOERT_RETURN_IF_ERROR(
           temp.Write(at - m.base_data_offset + m.target_data_offset, Range(base, at, n)));
+      mapped->DropPages(at, n);
     }
     for (size_t i = 1; i < m.entries.size(); ++i) {
       const DeltaEntry& e = m.entries[i];
@@ -263,7 +268,7 @@ absl::StatusOr<DeltaApplyResult> ApplyDeltaFile(const std::string& base_path,
 absl::StatusOr<FileHash> HashFile(const std::string& path) {
   MOERT_ASSIGN_OR_RETURN(const std::unique_ptr<core::MappedFile> mapped,
                          core::MappedFile::Open(path));
-  return HashBytes(mapped->bytes());
+  return HashMapped(*mapped);
 }
 
 }  // namespace moert::experts

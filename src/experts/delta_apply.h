@@ -48,7 +48,9 @@ struct DeltaApplyResult {
 // FailedPrecondition naming both hashes when `base` is not the package's base file (a
 // package for another model or version), or when an expert of it is not the one the
 // package was made against.
-absl::Status CheckDeltaBase(std::span<const uint8_t> base, const DeltaManifest& manifest);
+// `base_hash`: its BLAKE2b-256 when the caller has it (HashMapped), else computed here.
+absl::Status CheckDeltaBase(std::span<const uint8_t> base, const DeltaManifest& manifest,
+                            const FileHash* base_hash = nullptr);
 
 // Decodes every entry against `base` (checked with CheckDeltaBase first) and checks each
 // against its manifest checksum, writing nothing: DataLoss naming the entry (the layer

@@ -354,4 +354,19 @@ FileHash HashBytes(std::span<const uint8_t> bytes) {
   return hash;
 }
 
+FileHash HashMapped(const core::MappedFile& file) {
+  InitSodium();
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, nullptr, 0, sizeof(FileHash));
+  constexpr uint64_t kChunk = uint64_t{8} << 20;
+  for (uint64_t at = 0; at < file.size(); at += kChunk) {
+    const uint64_t n = std::min<uint64_t>(kChunk, file.size() - at);
+    crypto_generichash_update(&state, file.data() + at, n);
+    file.DropPages(at, n);
+  }
+  FileHash hash{};
+  crypto_generichash_final(&state, hash.data(), hash.size());
+  return hash;
+}
+
 }  // namespace moert::experts

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/mapped_file.h"
 
 namespace moert::experts {
 
@@ -122,6 +123,10 @@ absl::StatusOr<SecretKey> ReadSecretKeyFile(const std::string& path);
 
 // BLAKE2b-256 of `bytes`.
 FileHash HashBytes(std::span<const uint8_t> bytes);
+// BLAKE2b-256 of a mapped file's bytes, its pages dropped from the resident set as the
+// hash passes them (core::MappedFile::DropPages), so hashing a model does not grow the
+// process by the model's size.
+FileHash HashMapped(const core::MappedFile& file);
 
 }  // namespace moert::experts
 

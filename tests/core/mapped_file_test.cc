@@ -93,5 +93,32 @@ TEST(MappedFile, MapsARangeAtAnyOffset) {
   std::remove(path.c_str());
 }
 
+// DropPages only takes pages out of the resident set: the bytes read afterwards are the
+// file's, whatever range (unaligned, past the end, inside a range view) it is given.
+TEST(MappedFile, DropPagesKeepsTheBytes) {
+  std::string path = TempPath("moert_mapped_drop");
+  std::string contents;
+  for (int i = 0; i < 5 * 4096 + 99; ++i) contents += static_cast<char>('A' + i % 23);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << contents;
+  }
+  auto whole = MappedFile::Open(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const auto text = [](const MappedFile& f) {
+    return std::string(reinterpret_cast<const char*>(f.data()), f.size());
+  };
+  ASSERT_EQ(text(**whole), contents);
+  (*whole)->DropPages(100, 3 * 4096);
+  (*whole)->DropPages(4 * 4096, 1u << 30);  // clipped to the view
+  (*whole)->DropPages(1u << 30, 10);       // past it: nothing
+  EXPECT_EQ(text(**whole), contents);
+  auto range = MappedFile::OpenRange(path, 4096 + 5, 2 * 4096);
+  ASSERT_TRUE(range.ok()) << range.status();
+  (*range)->DropPages(0, (*range)->size());
+  EXPECT_EQ(text(**range), contents.substr(4096 + 5, 2 * 4096));
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace moert::core
