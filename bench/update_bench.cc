@@ -10,6 +10,8 @@
 // Run: moert-bench-update -m MODEL [--experts L:E,...] [--fraction F] [--steps N]
 //        [-t THREADS] [--pool-fraction F] [-n TOKENS] [--update-at K] [--dir FOLDER]
 //        [--reload]
+//   -n           tokens per generation (default 64): generations follow one another
+//                until the update is done and 8 more tokens came
 //   --experts    the experts to change (default 0:0,0:1,1:0,1:1)
 //   --fraction   the share of their weights moved (default 0.25), --steps by how many
 //                quantization steps (default 1)
@@ -51,7 +53,7 @@ struct Args {
   int steps = 1;
   int threads = 2;
   double pool_fraction = 0;
-  int tokens = 64;
+  int tokens = 64;  // per generation
   int update_at = 16;
   std::string dir;
   bool reload = false;
@@ -265,6 +267,7 @@ int Run(const Args& a, const std::string& dir) {
 
   std::condition_variable cv;
   bool update_now = false;
+  std::atomic<bool> update_done{false};
   Clock::time_point applied_from, applied_to;
   moert::Status applied;
   std::thread updater([&] {
@@ -275,30 +278,43 @@ int Run(const Args& a, const std::string& dir) {
     applied_from = Clock::now();
     applied = runtime->ApplyUpdate(package_path);
     applied_to = Clock::now();
+    update_done = true;
   });
 
-  std::vector<Clock::time_point> token_times;
-  token_times.push_back(Clock::now());
+  // Generations of -n tokens one after another (the context reset between them) until
+  // the update is done and 8 more tokens came: each step's time is the gap between two
+  // tokens of one generation (a generation's first token holds its prompt).
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> steps;  // from, to
+  int tokens = 0, after_update = 0;
+  bool stop = false;
   moert::GenerateRequest request;
   request.prompt = "Once upon a time";
   request.max_tokens = a.tokens;
   request.temperature = 0.0f;
-  moert::GenerateResult result;
-  status = session->Generate(
-      request,
-      [&](std::string_view, int32_t) {
-        token_times.push_back(Clock::now());
-        if (static_cast<int>(token_times.size()) - 1 == a.update_at) {
-          std::lock_guard<std::mutex> lock(mu);
-          update_now = true;
-          cv.notify_one();
-        }
-        return true;
-      },
-      &result);
+  while (status.ok() && !stop) {
+    Clock::time_point last{};
+    moert::GenerateResult result;
+    status = session->Generate(
+        request,
+        [&](std::string_view, int32_t) {
+          const Clock::time_point now = Clock::now();
+          if (last != Clock::time_point{}) steps.emplace_back(last, now);
+          last = now;
+          if (++tokens == a.update_at) {
+            std::lock_guard<std::mutex> lock(mu);
+            update_now = true;
+            cv.notify_one();
+          }
+          if (update_done.load() && ++after_update >= 8) stop = true;
+          return !stop;
+        },
+        &result);
+    if (stop && status.code() == moert::StatusCode::kCancelled) status = moert::Status();
+    session->Reset();
+  }
   {
     std::lock_guard<std::mutex> lock(mu);
-    update_now = true;  // a generation that ended early
+    update_now = true;  // a generation that failed early
     cv.notify_one();
   }
   updater.join();
@@ -311,12 +327,11 @@ int Run(const Args& a, const std::string& dir) {
   }
 
   std::vector<double> before, during;
-  for (size_t i = 1; i < token_times.size(); ++i) {
-    const double ms = Ms(token_times[i] - token_times[i - 1]);
-    if (token_times[i] < applied_from) {
-      if (i > 1) before.push_back(ms);  // the first holds the prompt
-    } else if (token_times[i - 1] <= applied_to) {
-      during.push_back(ms);
+  for (const auto& [from, to] : steps) {
+    if (to < applied_from) {
+      before.push_back(Ms(to - from));
+    } else if (from <= applied_to) {
+      during.push_back(Ms(to - from));
     }
   }
   std::sort(before.begin(), before.end());
@@ -341,10 +356,12 @@ int Run(const Args& a, const std::string& dir) {
                                 : 0.0);
   std::printf("update: %s, ApplyUpdate %.1f ms\n", in_place ? "in_place" : "reload",
               Ms(applied_to - applied_from));
-  std::printf("steps: median before %.2f ms, longest while updating %.2f ms (%zu steps)\n",
-              before.empty() ? 0.0 : before[before.size() / 2],
-              during.empty() ? 0.0 : *std::max_element(during.begin(), during.end()),
-              during.size());
+  std::sort(during.begin(), during.end());
+  std::printf(
+      "steps: median before %.2f ms; while updating: median %.2f ms, longest %.2f ms (%zu steps)\n",
+      before.empty() ? 0.0 : before[before.size() / 2],
+      during.empty() ? 0.0 : during[during.size() / 2], during.empty() ? 0.0 : during.back(),
+      during.size());
   const auto print_rss = [&](const char* what, uint64_t was, uint64_t peak) {
     std::printf("%s: before %.1f MiB, peak while updating %.1f MiB (+%.1f MiB)\n", what,
                 static_cast<double>(was) / mib, static_cast<double>(peak) / mib,
