@@ -44,8 +44,10 @@ class LoaderDeadline : public ::testing::Test {
   void TearDown() override { gate_.Open(); }
 
   Loader* Open(uint32_t deadline_ms, IoMode mode = IoMode::kBuffered, size_t queue_capacity = 16) {
+    // One I/O thread: the gate holding its read holds every load behind it.
     auto loader = Loader::Create(*dir_, {.mode = mode,
                                          .queue_capacity = queue_capacity,
+                                         .io_threads = 1,
                                          .wait_deadline_ms = deadline_ms,
                                          .before_read_for_testing = gate_.Hook()});
     EXPECT_TRUE(loader.ok()) << loader.status();
@@ -175,6 +177,7 @@ std::unique_ptr<ExpertCache> HeldCache(const TestModel& model, ReadHook hook,
   ExpertCacheOptions options;
   options.pool_bytes = 8 * (128 << 10);
   options.loader.mode = IoMode::kBuffered;
+  options.loader.io_threads = 1;  // the held read holds every load behind it
   options.loader.wait_deadline_ms = deadline_ms;
   options.loader.before_read_for_testing = std::move(hook);
   auto cache = ExpertCache::Create(model.Directory(), options);

@@ -382,7 +382,9 @@ TEST_P(LoaderEngineTest, SameBytesAsOnePreadPerPart) {
 // at once and loads may finish out of order): each block and checksum is the one
 // pread-per-part load's, each staging buffer the threads' own.
 TEST_P(LoaderEngineTest, TwoIoThreadsGiveTheSameBytes) {
-  std::unique_ptr<Loader> reference = Open(Options(IoEngine::kPread, 1, 0));
+  LoaderOptions one = Options(IoEngine::kPread, 1, 0);
+  one.io_threads = 1;
+  std::unique_ptr<Loader> reference = Open(one);
   ASSERT_NE(reference, nullptr);
   const Loaded want = LoadAll(*reference);
   LoaderOptions options = Options(GetParam().engine, 4, 8192);
