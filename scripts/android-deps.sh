@@ -47,7 +47,9 @@
 # archives (linked into libmoert.so; Abseil with its CMake config under lib/cmake/absl),
 # cpuinfo (with its static clog), pthreadpool and XNNPACK as shared libraries with
 # unversioned SONAMEs (an APK carries only lib*.so files, so a libfoo.so.1 would not be
-# found on the device; this script checks), and the header-only FP16, FXdiv and stb.
+# found on the device: CMake's Android platform never versions them, and this script
+# checks the result of whatever toolchain it was given), and the header-only FP16, FXdiv
+# and stb.
 # moert finds them as cmake/MoertDependencies.cmake and MoertImportedDeps.cmake look:
 # find_package(absl CONFIG), then cpuinfo.h/libcpuinfo, pthreadpool.h/libpthreadpool,
 # xnnpack.h/libXNNPACK, zstd.h/libzstd, sodium.h/libsodium and stb/stb_image.h.
@@ -258,9 +260,10 @@ for name in "${wanted[@]}"; do
   built+=("$name")
 done
 
-# What moert looks for, present; shared libraries for aarch64 with unversioned SONAMEs.
+# What moert looks for, present; libraries for AArch64 (every object of an archive), and
+# shared ones with unversioned SONAMEs.
 declare -A expect=(
-  [abseil]=lib/cmake/absl/abslConfig.cmake
+  [abseil]="lib/cmake/absl/abslConfig.cmake lib/libabsl_base.a"
   [cpuinfo]="include/cpuinfo.h lib/libcpuinfo.so"
   [fp16]=include/fp16.h
   [fxdiv]=include/fxdiv.h
@@ -274,9 +277,11 @@ declare -A expect=(
 for name in "${built[@]}"; do
   for f in ${expect[$name]}; do
     [[ -f "$prefix/$f" ]] || die "$name: $prefix/$f was not installed"
-    if [[ "$f" == *.so ]]; then
-      machine=$(readelf -h "$prefix/$f" | sed -n 's/^ *Machine: *//p')
+    if [[ "$f" == *.so || "$f" == *.a ]]; then
+      machine=$(readelf -h "$prefix/$f" | sed -n 's/^ *Machine: *//p' | sort -u | xargs)
       [[ "$machine" == AArch64 ]] || die "$prefix/$f is for '$machine', not AArch64"
+    fi
+    if [[ "$f" == *.so ]]; then
       soname=$(readelf -d "$prefix/$f" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
       [[ "$soname" == "$(basename "$f")" ]] ||
         die "$prefix/$f has SONAME '$soname': an APK can only carry lib*.so names"
