@@ -413,7 +413,9 @@ JNIEXPORT void JNICALL Java_org_moert_MoERuntime_nativeLoad(JNIEnv* env, jclass,
 }
 
 // The int inside a java.io.FileDescriptor. The field is private and differs by runtime:
-// `descriptor` on Android (libcore), `fd` on OpenJDK; JNI reads it either way.
+// `descriptor` on Android (libcore), `fd` on OpenJDK; JNI reads it either way. On
+// Android it is a non-SDK field on the greylist (apps may read it, ART may log that; not
+// tried on a device here); the NDK's AFileDescriptor_getFd would need API 31.
 JNIEXPORT jint JNICALL Java_org_moert_MoERuntime_nativeDescriptorOf(JNIEnv* env, jclass,
                                                                     jobject descriptor) {
   if (descriptor == nullptr) {
