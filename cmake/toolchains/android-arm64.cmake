@@ -5,8 +5,10 @@
 #   cmake -S . -B build/android --preset android-arm64   # ANDROID_NDK_HOME set
 #
 # Wraps the NDK's own toolchain file. moert's dependencies (Abseil, XNNPACK,
-# pthreadpool, cpuinfo, stb, zstd, libsodium) are not in the NDK: build them for
-# arm64-v8a into one prefix and pass it as MOERT_ANDROID_PREFIX (docs/android.md).
+# pthreadpool, cpuinfo, stb, zstd, libsodium) are not in the NDK: scripts/android-deps.sh
+# builds them for arm64-v8a into one prefix; pass it as MOERT_ANDROID_PREFIX
+# (docs/android.md). Without the NDK, ANDROID_NDK_HOME=cmake/toolchains/ndk-standin
+# configures the same against Debian's aarch64 cross compiler.
 if(NOT ANDROID_NDK)
   if(DEFINED ENV{ANDROID_NDK_HOME})
     set(ANDROID_NDK "$ENV{ANDROID_NDK_HOME}")

@@ -255,10 +255,18 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
 }
 
 absl::StatusOr<ModelSource> SourceOfFd(int fd, int64_t offset, int64_t length) {
-  if (fd < 0 || offset < 0 || length < 0) {
-    return absl::InvalidArgumentError(StrCat("a model from fd ", fd, " at offset ", offset,
-                                             " of length ", length,
-                                             ": negative fd, offset or length"));
+  // Each bad argument by name: an app passes these straight from an AssetFileDescriptor.
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("fd ", fd, " is negative: not an open file (a closed descriptor?)"));
+  }
+  if (offset < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("a model from fd ", fd, " at offset ", offset, ": the offset is negative"));
+  }
+  if (length < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("a model from fd ", fd, " of length ", length, ": the length is negative"));
   }
   struct stat by_fd {};
   if (::fstat(fd, &by_fd) != 0) {
@@ -283,8 +291,8 @@ absl::StatusOr<ModelSource> SourceOfFd(int fd, int64_t offset, int64_t length) {
   const uint64_t start = static_cast<uint64_t>(offset);
   if (start > size || static_cast<uint64_t>(length) > size - start) {
     return absl::InvalidArgumentError(StrCat("'", path, "' (fd ", fd, ") has ", size,
-                                             " bytes: no model of ", length,
-                                             " bytes at offset ", offset));
+                                             " bytes: no model of ", length, " bytes at offset ",
+                                             offset, " (the range ends past the end of the file)"));
   }
   ModelSource source;
   source.path = std::move(path);

@@ -2,11 +2,20 @@
 // framework): load the example model with progress, the model's facts, a greedy
 // continuation equal to the C API's (c_reference.c wrote it), streaming callbacks,
 // cancel from the callback and from a second thread, errors as MoertException with the
-// status and message, a callback that throws, close twice, the log listener.
-// Usage: java -Djava.library.path=DIR -cp moert.jar:tests MoertJniTest MODEL REF_IDS REF_TEXT
+// status and message, a callback that throws, close twice, the log listener, and loads
+// from a FileDescriptor or an int fd: the whole file, and the model at an offset inside a
+// bigger file (an asset inside an APK), with bad descriptors and ranges refused by name.
+// Usage: java -Djava.library.path=DIR --add-opens=java.base/java.io=ALL-UNNAMED
+//            -cp moert.jar:tests MoertJniTest MODEL REF_IDS REF_TEXT
+// (--add-opens: the int overload's test reads the int out of OpenJDK's FileDescriptor,
+// as an Android app gets one from ParcelFileDescriptor.getFd().)
+import java.io.FileDescriptor;
+import java.io.FileInputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
+import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.util.Arrays;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
@@ -48,6 +57,146 @@ public final class MoertJniTest {
 
   private static GenerateOptions greedy(int maxTokens) {
     return new GenerateOptions().prompt("ROMEO:").maxTokens(maxTokens).temperature(0f);
+  }
+
+  // The greedy continuation of the runtime's model, as the C reference was written: its
+  // token ids, and its text appended to `text`.
+  private static List<Integer> greedyIds(MoERuntime runtime, StringBuilder text)
+      throws MoertException {
+    final List<Integer> ids = new ArrayList<>();
+    try (Session s = runtime.newSession()) {
+      text.append(s.generate(greedy(32), (piece, token) -> {
+        if (token >= 0) ids.add(token);
+        return true;
+      }));
+    }
+    return ids;
+  }
+
+  // The runtime's model continues "ROMEO:" as the C API did by path (refIds, refText).
+  private static void checkGreedy(MoERuntime runtime, String what, List<Integer> refIds,
+      String refText) throws MoertException {
+    final StringBuilder text = new StringBuilder();
+    final List<Integer> ids = greedyIds(runtime, text);
+    check(ids.equals(refIds), what + ": greedy ids " + ids + " vs the C API's " + refIds);
+    check(text.toString().equals(refText),
+        what + ": greedy text '" + text + "' vs the C API's '" + refText + "'");
+  }
+
+  // The int an OpenJDK FileDescriptor holds (private field `fd`; Android's is
+  // `descriptor`, and an app gets the int from ParcelFileDescriptor.getFd()).
+  private static int intOf(FileDescriptor fd) throws ReflectiveOperationException {
+    java.lang.reflect.Field field = FileDescriptor.class.getDeclaredField("fd");
+    field.setAccessible(true);
+    return field.getInt(fd);
+  }
+
+  // A MoertException INVALID_ARGUMENT whose message holds every one of `words`.
+  private static void checkRefused(String what, Body body, String... words) {
+    MoertException e = expectMoert(what, body);
+    if (e == null) return;
+    check(e.code() == MoertException.INVALID_ARGUMENT, what + ": " + e.statusName() + " " + e);
+    for (String word : words) {
+      check(e.getMessage().contains(word),
+          what + ": '" + word + "' not in '" + e.getMessage() + "'");
+    }
+  }
+
+  // Loads through MoERuntime.loadModel(FileDescriptor | int, offset, length): the example
+  // model as a file, and embedded at an unaligned offset between padding and trailing
+  // bytes (as an asset stored uncompressed in an APK), each giving the C API's greedy
+  // continuation; bad descriptors and ranges give MoertException naming the fault and
+  // leave the runtime usable (the model loaded before stays loaded).
+  private static void checkFdLoads(String model, List<Integer> refIds, String refText)
+      throws Exception {
+    final byte[] weights = Files.readAllBytes(Paths.get(model));
+    final int prefix = 3 * 4096 + 123;
+    final int trailing = 777;
+    final Path apk = Files.createTempFile("moert-jni-apk", ".bin");
+    final Path cache = Files.createTempDirectory("moert-jni-cache");
+    final byte[] bytes = new byte[prefix + weights.length + trailing];
+    Arrays.fill(bytes, (byte) 0x5a);  // not a GGUF: a wrong offset cannot pass
+    System.arraycopy(weights, 0, bytes, prefix, weights.length);
+    Files.write(apk, bytes);
+    final long size = weights.length;
+    final long apkSize = bytes.length;
+    try (MoERuntime rt = new MoERuntime(
+             new MoERuntime.Options().threads(1).cacheDir(cache.toString()));
+         FileInputStream whole = new FileInputStream(model);
+         FileInputStream embedded = new FileInputStream(apk.toFile())) {
+      final FileDescriptor apkFd = embedded.getFD();
+      final String apkPath = apk.toString();
+
+      // Refused before any model: the runtime then has none, and loads afterwards.
+      checkRefused("loadModel(-1)", () -> rt.loadModel(-1, 0, 0, null), "fd -1", "negative");
+      checkRefused("a null FileDescriptor",
+          () -> rt.loadModel((FileDescriptor) null, 0, 0, null), "FileDescriptor is null");
+      final FileInputStream closed = new FileInputStream(model);
+      final FileDescriptor closedFd = closed.getFD();
+      closed.close();
+      checkRefused("a closed FileDescriptor", () -> rt.loadModel(closedFd, 0, 0, null),
+          "FileDescriptor is not valid", "closed");
+      checkRefused("a length past the end",
+          () -> rt.loadModel(apkFd, prefix, size + trailing + 1, null), apkPath,
+          "past the end", "offset " + prefix);
+      checkRefused("an offset past the end", () -> rt.loadModel(apkFd, apkSize + 1, 0, null),
+          apkPath, "past the end");
+      checkRefused("a negative offset", () -> rt.loadModel(apkFd, -1, size, null),
+          "offset -1", "negative");
+      checkRefused("a negative length", () -> rt.loadModel(apkFd, prefix, -1, null),
+          "length -1", "negative");
+      MoertException e = expectMoert("a session after refused loads", rt::newSession);
+      check(e != null && e.code() == MoertException.FAILED_PRECONDITION,
+          "no model after refused loads: " + e);
+
+      // (a) The whole file through FileInputStream.getFD(), to the end (length 0) and
+      // with its length, progress rising to 1.
+      final List<Float> progress = new ArrayList<>();
+      rt.loadModel(whole.getFD(), 0, 0, f -> progress.add(f));
+      check(!progress.isEmpty() && progress.get(progress.size() - 1) == 1.0f,
+          "fd load progress " + progress);
+      check(rt.modelInfo().fileOffset == 0, "whole file: offset " + rt.modelInfo().fileOffset);
+      checkGreedy(rt, "FileDescriptor, whole file", refIds, refText);
+      rt.loadModel(whole.getFD(), 0, size, null);
+      checkGreedy(rt, "FileDescriptor, offset 0 and the file's length", refIds, refText);
+
+      // (b) Embedded at an unaligned offset with bytes after it, loaded with offset, length.
+      rt.loadModel(apkFd, prefix, size, null);
+      check(rt.modelInfo().fileOffset == prefix, "embedded: offset " + rt.modelInfo().fileOffset);
+      checkGreedy(rt, "FileDescriptor, embedded at " + prefix, refIds, refText);
+
+      // (c) The int overload, the same two ways.
+      rt.loadModel(intOf(whole.getFD()), 0, 0, null);
+      checkGreedy(rt, "int fd, whole file", refIds, refText);
+      rt.loadModel(intOf(apkFd), prefix, size, null);
+      check(rt.modelInfo().fileOffset == prefix, "int fd embedded: offset "
+          + rt.modelInfo().fileOffset);
+      checkGreedy(rt, "int fd, embedded at " + prefix, refIds, refText);
+
+      // (d) Refused with a model loaded: the model stays, and the next good load works.
+      checkRefused("loadModel(-1) with a model", () -> rt.loadModel(-1, prefix, size, null),
+          "fd -1", "negative");
+      checkRefused("a closed FileDescriptor with a model",
+          () -> rt.loadModel(closedFd, prefix, size, null), "FileDescriptor is not valid");
+      checkRefused("a length past the end with a model",
+          () -> rt.loadModel(apkFd, prefix + 1, size + trailing, null), "past the end");
+      checkRefused("a negative offset with a model",
+          () -> rt.loadModel(intOf(apkFd), -4096, size, null), "offset -4096", "negative");
+      // The wrong offset: the bytes there are no GGUF, and the reader says so.
+      e = expectMoert("a wrong offset", () -> rt.loadModel(apkFd, prefix - 1, size, null));
+      check(e != null && e.getMessage().contains(apkPath)
+              && e.getMessage().contains("not a GGUF"), "wrong offset: " + e);
+      check(rt.modelInfo().fileOffset == prefix, "the loaded model stays after refused loads");
+      checkGreedy(rt, "after refused loads", refIds, refText);
+      rt.loadModel(whole.getFD(), 0, 0, null);
+      check(rt.modelInfo().fileOffset == 0, "a good load after refused ones");
+      checkGreedy(rt, "a good load after refused ones", refIds, refText);
+    } finally {
+      Files.deleteIfExists(apk);
+      try (java.util.stream.Stream<Path> files = Files.walk(cache)) {
+        files.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
+    }
   }
 
   public static void main(String[] args) throws Exception {
@@ -237,6 +386,8 @@ public final class MoertJniTest {
     } catch (IllegalStateException expected) {
       // ok
     }
+
+    checkFdLoads(model, refIds, refText);
 
     if (failures > 0) {
       System.err.println("MoertJniTest: " + failures + " check(s) failed");

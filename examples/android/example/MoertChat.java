@@ -1,7 +1,8 @@
 // The smallest Java program over moert: load a model (and, given one, a MiniCPM-V
 // projector and an image), ask one question, stream the answer, print tok/s. Copy it
 // into an app: the calls are the same on Android (pass paths under getFilesDir(), or
-// loadModelFd for an asset).
+// loadModel(afd.getFileDescriptor(), afd.getStartOffset(), afd.getLength(), null) for
+// an asset).
 //
 //   java -Djava.library.path=build/x86/lib -cp build/x86/lib/moert.jar:build/x86/lib/moert-example-chat.jar \
 //       MoertChat MODEL.gguf [MMPROJ.gguf IMAGE.jpg] "What is in the picture?"

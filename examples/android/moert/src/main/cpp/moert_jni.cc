@@ -412,6 +412,42 @@ JNIEXPORT void JNICALL Java_org_moert_MoERuntime_nativeLoad(JNIEnv* env, jclass,
   ThrowIfError(env, rt, status);
 }
 
+// The int inside a java.io.FileDescriptor. The field is private and differs by runtime:
+// `descriptor` on Android (libcore), `fd` on OpenJDK; JNI reads it either way. On
+// Android it is a non-SDK field on the greylist (apps may read it, ART may log that; not
+// tried on a device here); the NDK's AFileDescriptor_getFd would need API 31.
+JNIEXPORT jint JNICALL Java_org_moert_MoERuntime_nativeDescriptorOf(JNIEnv* env, jclass,
+                                                                    jobject descriptor) {
+  if (descriptor == nullptr) {
+    ThrowIfError(env, MOERT_INVALID_ARGUMENT, "loadModel: the FileDescriptor is null");
+    return -1;
+  }
+  jclass type = env->GetObjectClass(descriptor);
+  jfieldID field = nullptr;
+  for (const char* name : {"descriptor", "fd"}) {
+    field = env->GetFieldID(type, name, "I");
+    if (field != nullptr) break;
+    env->ExceptionClear();  // NoSuchFieldError: try the other runtime's name
+  }
+  env->DeleteLocalRef(type);
+  if (field == nullptr) {
+    ThrowIfError(env, MOERT_INVALID_ARGUMENT,
+                 "loadModel: this java.io.FileDescriptor has no int field 'descriptor' "
+                 "(Android) or 'fd' (OpenJDK) to read the file descriptor from: pass "
+                 "ParcelFileDescriptor.getFd() to loadModel(int, ...) instead");
+    return -1;
+  }
+  const jint fd = env->GetIntField(descriptor, field);
+  if (fd < 0) {
+    ThrowIfError(env, MOERT_INVALID_ARGUMENT,
+                 ("loadModel: the FileDescriptor is not valid (its descriptor is " +
+                  std::to_string(fd) + "): closed, or never opened")
+                     .c_str());
+    return -1;
+  }
+  return fd;
+}
+
 JNIEXPORT void JNICALL Java_org_moert_MoERuntime_nativeLoadMmproj(JNIEnv* env, jclass, jlong h,
                                                                   jstring path) {
   const std::string file = ToUtf8(env, path);

@@ -1,6 +1,6 @@
-// moert from Java (moert_runtime): options, loading a model (by path or an APK asset's
-// fd) with progress and cancel, a vision projector, trim, sessions. close() frees it
-// (idempotent); sessions stay usable after it.
+// moert from Java (moert_runtime): options, loading a model (by path, or an APK asset's
+// FileDescriptor or fd) with progress and cancel, a vision projector, trim, sessions.
+// close() frees it (idempotent); sessions stay usable after it.
 //
 //   try (MoERuntime rt = new MoERuntime(new MoERuntime.Options().threads(4))) {
 //     rt.loadModel("/data/local/tmp/model.gguf", null);
@@ -12,6 +12,8 @@
 //     }
 //   }
 package org.moert;
+
+import java.io.FileDescriptor;
 
 public final class MoERuntime implements AutoCloseable {
   static {
@@ -107,11 +109,20 @@ public final class MoERuntime implements AutoCloseable {
   }
 
   /**
-   * Loads the model at offset, length of the open file fd: an asset stored
-   * uncompressed in the APK (AssetFileDescriptor's getParcelFileDescriptor().getFd(),
-   * getStartOffset(), getLength()). The fd stays the caller's.
+   * Loads the model at offset, length (0: to the end of the file) of an open file: an
+   * asset stored uncompressed in the APK (AssetFileDescriptor's getFileDescriptor(),
+   * getStartOffset(), getLength()), or a FileInputStream's getFD(). The descriptor stays
+   * the caller's. A null, closed or unreadable FileDescriptor, a negative offset or
+   * length, or a range past the end of the file is a MoertException (INVALID_ARGUMENT)
+   * saying which; the model loaded before stays loaded.
    */
-  public synchronized void loadModelFd(int fd, long offset, long length,
+  public synchronized void loadModel(FileDescriptor fd, long offset, long length,
+      ProgressListener listener) throws MoertException {
+    nativeLoad(live(), null, nativeDescriptorOf(fd), offset, length, listener);
+  }
+
+  /** As loadModel(FileDescriptor, ...) for a raw fd (ParcelFileDescriptor.getFd()). */
+  public synchronized void loadModel(int fd, long offset, long length,
       ProgressListener listener) throws MoertException {
     nativeLoad(live(), null, fd, offset, length, listener);
   }
@@ -154,6 +165,7 @@ public final class MoERuntime implements AutoCloseable {
       double poolFraction, String cacheDir, int backend, boolean mlock) throws MoertException;
   private static native void nativeLoad(long h, String path, int fd, long offset, long length,
       ProgressListener listener) throws MoertException;
+  private static native int nativeDescriptorOf(FileDescriptor fd) throws MoertException;
   private static native void nativeLoadMmproj(long h, String path) throws MoertException;
   private static native ModelInfo nativeModelInfo(long h) throws MoertException;
   private static native void nativeTrim(long h, int level) throws MoertException;
