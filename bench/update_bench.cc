@@ -4,7 +4,9 @@
 // starts a greedy generation and applies the package from another thread after
 // --update-at tokens. It reports the package against the changed experts' bytes, how
 // the update went (in place or a reload, the runtime's metric), how long ApplyUpdate
-// took, the longest step while it ran against the median step before it, and the
+// took and how long it held the steps off (the swap), the steps while it ran against
+// the median step before it (a session's first step after the swap evaluates its
+// context again on the new weights: a prompt's time), and the
 // resident set before and at its peak during the update (sampled every 2 ms).
 //
 // Run: moert-bench-update -m MODEL [--experts L:E,...] [--fraction F] [--steps N]
@@ -354,8 +356,9 @@ int Run(const Args& a, const std::string& dir) {
               changed_bytes > 0 ? 100.0 * static_cast<double>(package_bytes) /
                                       static_cast<double>(changed_bytes)
                                 : 0.0);
-  std::printf("update: %s, ApplyUpdate %.1f ms\n", in_place ? "in_place" : "reload",
-              Ms(applied_to - applied_from));
+  std::printf("update: %s, ApplyUpdate %.1f ms, steps held off %.1f ms\n",
+              in_place ? "in_place" : "reload", Ms(applied_to - applied_from),
+              1e3 * Metric(*runtime, "moert_update_steps_held_seconds_total"));
   std::sort(during.begin(), during.end());
   std::printf(
       "steps: median before %.2f ms; while updating: median %.2f ms, longest %.2f ms (%zu steps)\n",

@@ -3,6 +3,7 @@
 // experts alone where the model can take them in place, else the whole model loaded
 // again from the new file.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -106,11 +107,29 @@ absl::Status ApplyUpdate(LoadedModel& loaded, const std::string& package_path,
   // A model with an expert pool reads its file at every miss: from the rename on, only
   // the new weights may run (steps wait from there to the swap).
   std::unique_lock<std::mutex> steps(loaded.forward_mutex, std::defer_lock);
+  // How long the update holds the steps off, counted and logged when it lets them go.
+  std::chrono::steady_clock::time_point held_from;
+  const auto hold_steps = [&] {
+    if (steps.owns_lock()) return;
+    steps.lock();
+    held_from = std::chrono::steady_clock::now();
+  };
+  const auto release_steps = [&] {
+    const auto held = std::chrono::steady_clock::now() - held_from;
+    steps.unlock();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(held).count();
+    loaded.metrics
+        ->AddCounter("moert_update_steps_held_seconds_total",
+                     "Time expert hot updates held generation steps off (the swap).", {}, 1e9)
+        .Get()
+        .Increment(static_cast<uint64_t>(ns));
+    return static_cast<double>(ns) / 1e6;
+  };
   // The loaded file's header, to tell afterwards whether only experts changed (mapped:
   // it stays readable after the rename).
   auto old_file = format::GgufFile::Open(path);
   experts::DeltaApplyOptions options;
-  if (pooled) options.before_rename = [&steps] { steps.lock(); };
+  if (pooled) options.before_rename = hold_steps;
   auto applied = experts::ApplyDeltaFile(path, *package, path, options);
   if (!applied.ok()) return applied.status();
   // Repro bundles name the weights they ran on: the new file's figures (its prefix hash
@@ -134,17 +153,18 @@ absl::Status ApplyUpdate(LoadedModel& loaded, const std::string& package_path,
       auto prepared = weights->PrepareExpertUpdate(**new_file, applied->experts);
       absl::Status committed = prepared.status();
       if (prepared.ok()) {
-        if (!steps.owns_lock()) steps.lock();
+        hold_steps();
         committed = weights->CommitExpertUpdate(**prepared);
       }
       if (committed.ok()) {
         ++loaded.updates;
         loaded.repro.model = new_repro_model(figures);
-        steps.unlock();
+        const double held_ms = release_steps();
         CountUpdate(*loaded.metrics, "in_place", applied->experts.size());
         telemetry::Log(telemetry::LogLevel::kInfo,
                        StrCat("updated ", applied->experts.size(), " experts of ", path,
-                              " in place from ", package_path));
+                              " in place from ", package_path, " (steps held ", held_ms,
+                              " ms)"));
         return absl::OkStatus();
       }
       why_reload = std::string(committed.message());
@@ -160,7 +180,7 @@ absl::Status ApplyUpdate(LoadedModel& loaded, const std::string& package_path,
                                "(the old ones keep running): ", fresh.status().message()));
   }
   std::shared_ptr<model::Model> weights = std::move((*fresh)->model);
-  if (!steps.owns_lock()) steps.lock();
+  hold_steps();
   {
     std::lock_guard<std::mutex> lock(loaded.weights_mutex);
     loaded.model.swap(weights);
@@ -168,12 +188,12 @@ absl::Status ApplyUpdate(LoadedModel& loaded, const std::string& package_path,
   ++loaded.updates;
   // Sessions read these under forward_mutex, held here.
   loaded.repro.model = new_repro_model((*fresh)->repro.model);
-  steps.unlock();
+  const double held_ms = release_steps();
   // `weights` (the old ones) go here unless a session still holds them.
   CountUpdate(*loaded.metrics, "reload", applied->experts.size());
   telemetry::Log(telemetry::LogLevel::kInfo,
                  StrCat("updated ", applied->experts.size(), " experts of ", path, " from ",
-                        package_path));
+                        package_path, " (steps held ", held_ms, " ms)"));
   return absl::OkStatus();
 }
 
