@@ -160,9 +160,10 @@ std::string CpuName() {
 
 // The counter's value in the runtime's metrics text (0 when absent).
 double Metric(const moert::MoERuntime& runtime, const std::string& key) {
-  const std::string text = runtime.Metrics();
-  const size_t at = text.find(key + " ");
-  return at == std::string::npos ? 0 : std::strtod(text.c_str() + at + key.size() + 1, nullptr);
+  // A sample line starts with its name (# HELP and # TYPE lines name it too).
+  const std::string text = "\n" + runtime.Metrics();
+  const size_t at = text.find("\n" + key + " ");
+  return at == std::string::npos ? 0 : std::strtod(text.c_str() + at + key.size() + 2, nullptr);
 }
 
 bool WriteFile(const std::string& path, std::span<const uint8_t> bytes) {
