@@ -547,9 +547,10 @@ MOERT_API moert_status moert_runtime_set_update_key(moert_runtime* runtime, cons
 
 /** Applies the delta package at `package_path` (`moert-delta make`) to the loaded model
  * while it keeps answering: checks the signature and that the model file is the
- * package's base, writes the new model file crash-safely over the old one, loads it and
- * swaps it in between steps (a step in flight finishes on the old weights; each
- * session's next step runs on the new ones). May be called from any thread, also while
+ * package's base, writes the new model file crash-safely over the old one and puts the
+ * new weights in between steps: the changed experts alone where only experts changed
+ * (CPU), else the new file loaded whole (a step in flight finishes on the old weights;
+ * each session's next step runs on the new ones). May be called from any thread, also while
  * sessions generate. On a refusal the model and its file stay as they were and
  * moert_last_error() names the reason: MOERT_FAILED_PRECONDITION (no model, no key, a
  * package of another base or one already applied, another update running),
