@@ -6,9 +6,10 @@
 // the EVEX form, and 512-bit registers for W4 and W4M).
 //
 // Numerics: vpdpbusd adds exact products into int32 lanes without saturation (a lane
-// sums at most 8 products of 15 * 127 for W4, 4 of 128 * 127 for W8), so every block's
-// isum is the exact integer the scalar reference forms, and the float steps are
-// avx2::AddScaled's: every output has the reference's bits.
+// sums at most 8 products of 15 * 127 for W4, 4 of 128 * 127 for W8, 16 of 15 * 127 or
+// 8 * 127 for W4S24's two sums), so every block's isum is the exact integer the scalar
+// reference forms, and the float steps are avx2::AddScaled's: every output has the
+// reference's bits.
 #ifndef MOERT_KERNELS_VNNI_QGEMM_H_
 #define MOERT_KERNELS_VNNI_QGEMM_H_
 
@@ -76,6 +77,25 @@ struct W8 : avx2::W8 {
       s[r] = DpBusd(zero, w.abs_w[r], _mm256_sign_epi8(av, wr));
     }
     return avx2::AddScaled(acc, SumRows(s), w.d, a.d);
+  }
+};
+
+// W4S24 (2:4 sparse), both VNNI forms: avx2::W4S24's expanded pair codes and gathered
+// activations, with the nibble products and the minus-8 term each summed by vpdpbusd
+// straight into int32 lanes (one row per lane, rows in order): no int16 stage.
+struct W4S24 : avx2::W4S24 {
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256i sum = _mm256_setzero_si256();
+    __m256i offset = _mm256_setzero_si256();
+    MOERT_AVX2_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i g = Gather(w, a, i);
+      sum = DpBusd(sum, w.nibble[i], g);
+      offset = DpBusd(offset, eight, g);
+    }
+    return avx2::AddScaled(acc, _mm256_sub_epi32(sum, offset), w.d, a.d);
   }
 };
 
