@@ -274,12 +274,17 @@ struct W4S24 {
   static MOERT_AVX2_INLINE __m256i Load(const void* p) {
     return _mm256_load_si256(static_cast<const __m256i*>(p));
   }
+  // The pair codes of rows 0..3 in the low lane, of rows 4..7 in the high lane (each
+  // 16-byte load starts at a row's codes and stays inside the block).
+  static MOERT_AVX2_INLINE __m256i LoadCodes(const Block& b) {
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[0]))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[4])), 1);
+  }
   static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
     Prepared w;
     const W4S24Tables& t = kW4S24Tables;
-    const __m256i codes = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[0]))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[4])), 1);
+    const __m256i codes = LoadCodes(b);
     const __m256i columns = Load(t.columns);
     const __m256i dup = _mm256_set1_epi16(0x0101);
     const __m256i second = _mm256_set1_epi16(0x0800);
