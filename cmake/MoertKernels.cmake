@@ -47,6 +47,8 @@ set(MOERT_AVXVNNI_KERNEL_SOURCES
   ${k}/q4m-gemm/q4m-gemm-4x8-avxvnni.cc
   ${k}/q8-gemv/q8-gemv-1x8-avxvnni.cc
   ${k}/q8-gemm/q8-gemm-4x8-avxvnni.cc
+  ${k}/q4s24-gemv/q4s24-gemv-1x8-avxvnni.cc
+  ${k}/q4s24-gemm/q4s24-gemm-4x8-avxvnni.cc
 )
 set(MOERT_AVX512VNNI_KERNEL_SOURCES
   ${k}/q4-gemv/q4-gemv-1x8-avx512vnni.cc
@@ -55,6 +57,8 @@ set(MOERT_AVX512VNNI_KERNEL_SOURCES
   ${k}/q4m-gemm/q4m-gemm-4x8-avx512vnni.cc
   ${k}/q8-gemv/q8-gemv-1x8-avx512vnni.cc
   ${k}/q8-gemm/q8-gemm-4x8-avx512vnni.cc
+  ${k}/q4s24-gemv/q4s24-gemv-1x8-avx512vnni.cc
+  ${k}/q4s24-gemm/q4s24-gemm-4x8-avx512vnni.cc
 )
 # aarch64: NEON with the dot-product extension, and with i8mm.
 set(MOERT_NEONDOT_KERNEL_SOURCES

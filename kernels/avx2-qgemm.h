@@ -212,95 +212,120 @@ struct W8 {
 
 // --- W4S24: 2:4 sparse int4 -------------------------------------------------------------
 //
-// The 16 kept values of a row-block are gathered from the activations with pshufb. Kept
-// value k = 4i + t (idx byte i, 2-bit field t) is column 8i + 4(t/2) + pos. A register
-// lane of indices covers one idx byte i for 4 rows, so it gathers from the 8 columns
-// 8i..8i+7 only: from a 16-byte table broadcast from the activation block's bytes at
-// 8i, whose bytes 8..15 are qs[8i..8i+7] (the table for i = 0 starts at the block's d and
-// s, which the indices never pick), hence index = 8 + 4(t/2) + pos.
+// The 16 kept values of a row-block are gathered from the activations with pshufb.
+// index[i] (i = 0..3) holds, a dword per row and the rows in order, the table indices of
+// kept values 4i..4i+3: groups 2i and 2i+1, columns 8i..8i+7. Its table is 16 bytes
+// broadcast from the activation block's bytes at 8i, whose bytes 8..15 are
+// qs[8i..8i+7] (the table for i = 0 starts at d and s, which the indices never pick),
+// hence index = 8 + 4 (odd group) + column-in-group.
 //
-// Lanes hold rows {0,1,4,5} (low) and {2,3,6,7} (high): the idx bytes are permuted that
-// way (vpermq + pshufb), each 2-bit field becomes an index byte through a 16-entry table
-// on its nibble, and two rounds of unpacks put the 4 fields of an idx byte in k order,
-// matching the nibbles (the low or high nibbles of qs bytes 0..3 or 4..7 of each row,
-// picked with shufps). isum = sum (q - 8) * a: maddubs of the nibbles minus maddubs of 8,
-// each int16 at most 2 * 15 * 127; a 16-bit lane of the sum holds 8 products of at most
-// 8 * 127 in magnitude. The final madd leaves rows in lane order 0,1,4,5,2,3,6,7.
+// The pair codes are expanded for all 8 rows at once, without a table walk per weight:
+// the codes of rows 0..3 fill the low lane and those of rows 4..7 the high lane (two
+// 16-byte loads). Per index register one pshufb puts in each 16-bit word (row, group)
+// the two code bytes that hold the group's 3 bits, at bit s; a multiply by 2^(13 - s)
+// and a shift by 13 leave the code c (AVX2 has no per-word shift); c * 0x0101 + 0x0800
+// is the pshufb control (c, c + 8) into one 16-byte table of every code's first column
+// (entries 0..7) and second column (entries 8..15), plus 8; the odd group adds 4.
+//
+// The nibbles: q0 = rows 0..3 (8 bytes a row: dwords r.a, r.b), q1 = rows 4..7; shufps
+// and vpermq give the a (kept values 0..3, 8..11) or b (4..7, 12..15) dwords of all
+// rows in order. isum = sum (q - 8) * a: maddubs of the nibbles minus maddubs of 8,
+// each int16 at most 2 * 15 * 127; a 16-bit lane of the sum holds 8 products of at
+// most 8 * 127 in magnitude. The final madd leaves the rows in order.
+struct W4S24Tables {
+  uint8_t place[4][32];   // index[i]'s pshufb of the code bytes into words
+  uint16_t shift[4][16];  // 2^(13 - s) for each of those words
+  uint8_t columns[32];    // 8 + the first (entries 0..7) and second (8..15) columns
+};
+
+constexpr W4S24Tables MakeW4S24Tables() {
+  W4S24Tables t{};
+  for (int i = 0; i < 4; ++i) {
+    for (int lane = 0; lane < 2; ++lane) {
+      for (int w = 0; w < 8; ++w) {  // word w: row w / 2 of the lane, group 2i + w % 2
+        const int row = w / 2;
+        const int g = 2 * i + w % 2;
+        const int byte = 3 * g / 8;
+        t.place[i][16 * lane + 2 * w] = static_cast<uint8_t>(3 * row + byte);
+        t.place[i][16 * lane + 2 * w + 1] = static_cast<uint8_t>(3 * row + byte + 1);
+        t.shift[i][8 * lane + w] = static_cast<uint16_t>(1 << (13 - (3 * g - 8 * byte)));
+      }
+    }
+  }
+  for (int lane = 0; lane < 2; ++lane) {
+    for (int c = 0; c < 8; ++c) {
+      t.columns[16 * lane + c] = static_cast<uint8_t>(8 + moert_w4s24_pairs[c][0]);
+      t.columns[16 * lane + 8 + c] = static_cast<uint8_t>(8 + moert_w4s24_pairs[c][1]);
+    }
+  }
+  return t;
+}
+
+alignas(32) inline constexpr W4S24Tables kW4S24Tables = MakeW4S24Tables();
+
 struct W4S24 {
   using Block = moert_w4s24_block;
-  struct Lanes {
-    static MOERT_AVX2_INLINE __m128i HalfOrder() {
-      return _mm_set_epi64x(static_cast<int64_t>(HalfOrderLo(2, 3, 6, 7)),
-                            static_cast<int64_t>(HalfOrderLo(0, 1, 4, 5)));
-    }
-    // Row r is in lane {0,1,4,5,2,3,6,7}[r].
-    static MOERT_AVX2_INLINE __m256 ToRowOrder(__m256 acc) {
-      return _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-    }
-  };
+  using Lanes = W8::Lanes;  // rows in order
   struct Prepared {
-    __m256i index[4];   // index[i]: pshufb indices of the kept values of idx byte i
-    __m256i nibble[4];  // the matching nibbles (kept values 4i .. 4i+3 of each row)
+    __m256i index[4];   // index[i]: pshufb indices of kept values 4i .. 4i+3 of each row
+    __m256i nibble[4];  // the matching nibbles
     __m256 d;
   };
+  static MOERT_AVX2_INLINE __m256i Load(const void* p) {
+    return _mm256_load_si256(static_cast<const __m256i*>(p));
+  }
+  // The pair codes of rows 0..3 in the low lane, of rows 4..7 in the high lane (each
+  // 16-byte load starts at a row's codes and stays inside the block).
+  static MOERT_AVX2_INLINE __m256i LoadCodes(const Block& b) {
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[0]))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.pc[4])), 1);
+  }
   static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
     Prepared w;
+    const W4S24Tables& t = kW4S24Tables;
+    const __m256i codes = LoadCodes(b);
+    const __m256i columns = Load(t.columns);
+    const __m256i dup = _mm256_set1_epi16(0x0101);
+    const __m256i second = _mm256_set1_epi16(0x0800);
+    const __m256i odd = _mm256_set1_epi32(0x04040000);
+    MOERT_AVX2_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i words = _mm256_shuffle_epi8(codes, Load(t.place[i]));
+      const __m256i code = _mm256_srli_epi16(_mm256_mullo_epi16(words, Load(t.shift[i])), 13);
+      const __m256i control = _mm256_add_epi16(_mm256_mullo_epi16(code, dup), second);
+      w.index[i] = _mm256_add_epi8(_mm256_shuffle_epi8(columns, control), odd);
+    }
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    // idx bytes: byte 4r + i. After vpermq the low lane has rows 0,1,4,5 and the high lane
-    // rows 2,3,6,7 (4 bytes each); pshufb transposes each lane to byte 4i + (row slot).
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.idx));
-    v = _mm256_permute4x64_epi64(v, 0xD8);
-    const __m256i transpose =
-        _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,  //
-                         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    v = _mm256_shuffle_epi8(v, transpose);
-    const __m256i v_lo = _mm256_and_si256(v, mask);                        // fields 0, 1
-    const __m256i v_hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);  // fields 2, 3
-    // Nibble n = field(t) | field(t+1) << 2 -> index 8 + 4(t/2) + field.
-    const __m256i f0_table =
-        _mm256_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9,
-                         10, 11, 8, 9, 10, 11, 8, 9, 10, 11);
-    const __m256i f1_table =
-        _mm256_setr_epi8(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11, 8, 8, 8, 8, 9, 9,
-                         9, 9, 10, 10, 10, 10, 11, 11, 11, 11);
-    const __m256i four = _mm256_set1_epi8(4);
-    const __m256i f0 = _mm256_shuffle_epi8(f0_table, v_lo);
-    const __m256i f1 = _mm256_shuffle_epi8(f1_table, v_lo);
-    const __m256i f2 = _mm256_shuffle_epi8(_mm256_add_epi8(f0_table, four), v_hi);
-    const __m256i f3 = _mm256_shuffle_epi8(_mm256_add_epi8(f1_table, four), v_hi);
-    const __m256i f01_lo = _mm256_unpacklo_epi8(f0, f1);  // bytes 0..7 (idx bytes 0, 1)
-    const __m256i f01_hi = _mm256_unpackhi_epi8(f0, f1);  // bytes 8..15 (idx bytes 2, 3)
-    const __m256i f23_lo = _mm256_unpacklo_epi8(f2, f3);
-    const __m256i f23_hi = _mm256_unpackhi_epi8(f2, f3);
-    w.index[0] = _mm256_unpacklo_epi16(f01_lo, f23_lo);
-    w.index[1] = _mm256_unpackhi_epi16(f01_lo, f23_lo);
-    w.index[2] = _mm256_unpacklo_epi16(f01_hi, f23_hi);
-    w.index[3] = _mm256_unpackhi_epi16(f01_hi, f23_hi);
-    // qs rows 0..3 (q0) and 4..7 (q1), 8 bytes a row: dwords r.a (bytes 0..3), r.b (4..7).
     const __m256 q0 =
         _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs[0])));
     const __m256 q1 =
         _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs[4])));
-    // Low lane: rows 0, 1, 4, 5; high lane: rows 2, 3, 6, 7.
-    const __m256i qa = _mm256_castps_si256(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)));
-    const __m256i qb = _mm256_castps_si256(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m256i qa = _mm256_permute4x64_epi64(
+        _mm256_castps_si256(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8);
+    const __m256i qb = _mm256_permute4x64_epi64(
+        _mm256_castps_si256(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8);
     w.nibble[0] = _mm256_and_si256(qa, mask);                        // kept 0..3
     w.nibble[1] = _mm256_and_si256(qb, mask);                        // kept 4..7
     w.nibble[2] = _mm256_and_si256(_mm256_srli_epi16(qa, 4), mask);  // kept 8..11
     w.nibble[3] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), mask);  // kept 12..15
-    w.d = LoadHalfs(b.d, Lanes::HalfOrder());
+    w.d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
     return w;
+  }
+  // The pshufb of kept values 4i .. 4i+3 of every row from activation block a.
+  static MOERT_AVX2_INLINE __m256i Gather(const Prepared& w, const moert_a8_block& a, int i) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&a);
+    const __m256i table = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 8 * i)));
+    return _mm256_shuffle_epi8(table, w.index[i]);
   }
   static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
                                              const moert_a8_block& a) {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&a);
     const __m256i eight = _mm256_set1_epi8(8);
     __m256i sum = _mm256_setzero_si256();
     MOERT_AVX2_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const __m256i table = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 8 * i)));
-      const __m256i g = _mm256_shuffle_epi8(table, w.index[i]);
+      const __m256i g = Gather(w, a, i);
       sum = _mm256_add_epi16(sum, _mm256_sub_epi16(_mm256_maddubs_epi16(w.nibble[i], g),
                                                    _mm256_maddubs_epi16(eight, g)));
     }

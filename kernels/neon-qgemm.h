@@ -130,40 +130,55 @@ class W4S24Unpacker {
  public:
   W4S24Unpacker()
       : xor88_(vdupq_n_u8(0x88)),
-        mask3_(vdupq_n_u8(3)),
-        sel_lo_(vld1q_u8(kSelLo)),
-        sel_hi_(vld1q_u8(kSelHi)),
-        shift_(vld1q_s8(kShift)),
+        mask7_(vdupq_n_u16(7)),
+        second_(vdupq_n_u16(0x0800)),
+        place_lo_(vld1q_u8(kPlaceLo)),
+        place_hi_(vld1q_u8(kPlaceHi)),
+        shift_lo_(vld1q_s16(kShiftLo)),
+        shift_hi_(vld1q_s16(kShiftHi)),
+        columns_(vld1q_u8(kColumns)),
         base_(vld1q_u8(kBase)) {}
 
-  // qs: the 16 bytes at blk.qs[2p]; idx: the 8 bytes at blk.idx[2p].
-  W4S24Pair Pair(uint8x16_t qs, uint8x8_t idx) const {
+  // qs: the 16 bytes at blk.qs[2p]; pc: the 8 bytes at blk.pc[2p] (the two rows' codes
+  // in bytes 0-5; bytes 6-7 lie inside the block and only feed discarded bits).
+  W4S24Pair Pair(uint8x16_t qs, uint8x8_t pc) const {
     W4S24Pair out;
     // nibble ^ 8, read as a signed 4-bit value, is nibble - 8.
     const int8x16_t q = vreinterpretq_s8_u8(veorq_u8(qs, xor88_));
     out.w_lo = vshrq_n_s8(vshlq_n_s8(q, 4), 4);
     out.w_hi = vshrq_n_s8(q, 4);
-    // Each lane gets its idx byte, shifts its 2 bits down to bits 0-1, and takes the
-    // rest of its bits from the column where its group starts (a multiple of 4).
-    const uint8x16_t idx16 = vcombine_u8(idx, vdup_n_u8(0));
-    out.col_lo = vbslq_u8(mask3_, vshlq_u8(vqtbl1q_u8(idx16, sel_lo_), shift_), base_);
-    out.col_hi = vbslq_u8(mask3_, vshlq_u8(vqtbl1q_u8(idx16, sel_hi_), shift_), base_);
+    const uint8x16_t pc16 = vcombine_u8(pc, vdup_n_u8(0));
+    out.col_lo = Columns(pc16, place_lo_, shift_lo_);
+    out.col_hi = Columns(pc16, place_hi_, shift_hi_);
     return out;
   }
 
  private:
-  // Lane l < 8 is kept value l (or 8 + l) of the pair's first row, lane 8 + l that of
-  // its second row (whose idx bytes start at byte 4): kept value k sits in idx byte
-  // k / 4, bits 2 * (k % 4), and its group starts at column 4 * (k / 2) (minus 16 for
-  // the high half).
-  static constexpr uint8_t kSelLo[16] = {0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5};
-  static constexpr uint8_t kSelHi[16] = {2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 7, 7, 7, 7};
-  static constexpr int8_t kShift[16] = {0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6};
+  // 16-bit lane j (bytes 2j, 2j+1) is group j % 4 (or 4 + j % 4) of the pair's row
+  // j / 4: the two code bytes holding its 3 bits are shifted down and masked to the
+  // code c, (c, c + 8) indexes the first and second column of the pair, and the
+  // group's first column is added.
+  uint8x16_t Columns(uint8x16_t pc16, uint8x16_t place, int16x8_t shift) const {
+    const uint16x8_t words = vreinterpretq_u16_u8(vqtbl1q_u8(pc16, place));
+    const uint16x8_t code = vandq_u16(vshlq_u16(words, shift), mask7_);
+    const uint8x16_t control = vreinterpretq_u8_u16(vmlaq_n_u16(second_, code, 0x0101));
+    return vaddq_u8(vqtbl1q_u8(columns_, control), base_);
+  }
+
+  // Group g's code is bits 3g..3g+2 of its row's 3 bytes: byte 3g / 8, bit 3g % 8.
+  static constexpr uint8_t kPlaceLo[16] = {0, 1, 0, 1, 0, 1, 1, 2, 3, 4, 3, 4, 3, 4, 4, 5};
+  static constexpr uint8_t kPlaceHi[16] = {1, 2, 1, 2, 2, 3, 2, 3, 4, 5, 4, 5, 5, 6, 5, 6};
+  static constexpr int16_t kShiftLo[8] = {0, -3, -6, -1, 0, -3, -6, -1};
+  static constexpr int16_t kShiftHi[8] = {-4, -7, -2, -5, -4, -7, -2, -5};
+  // moert_w4s24_pairs: entry c the first column of code c, entry 8 + c its second.
+  static constexpr uint8_t kColumns[16] = {0, 0, 0, 1, 1, 2, 0, 2, 1, 2, 3, 2, 3, 3, 1, 3};
   static constexpr uint8_t kBase[16] = {0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 4, 4, 8, 8, 12, 12};
 
-  uint8x16_t xor88_, mask3_;
-  uint8x16_t sel_lo_, sel_hi_;
-  int8x16_t shift_;
+  uint8x16_t xor88_;
+  uint16x8_t mask7_, second_;
+  uint8x16_t place_lo_, place_hi_;
+  int16x8_t shift_lo_, shift_hi_;
+  uint8x16_t columns_;
   uint8x16_t base_;
 };
 

@@ -42,7 +42,7 @@ inline int32_t BlockDot(const moert_w4s24_block& w, int r, const moert_a8_block&
   int32_t sum = 0;
   for (int k = 0; k < 16; ++k) {
     const int nibble = k < 8 ? (w.qs[r][k] & 0x0F) : (w.qs[r][k - 8] >> 4);
-    const int pos = (w.idx[r][k / 4] >> (2 * (k % 4))) & 3;
+    const int pos = moert_w4s24_pairs[moert_w4s24_code(w.pc[r], k / 2)][k % 2];
     sum += (nibble - 8) * a.qs[4 * (k / 2) + pos];
   }
   return sum;

@@ -69,20 +69,38 @@ struct moert_w8_block {
 static_assert(sizeof(moert_w8_block) == 272, "W8 block layout");
 
 // W4S24, 2:4 structured-sparse int4: in each group of 4 columns (8 groups per block)
-// two values are kept, 16 per row and block. Kept value k (k = 0..15) belongs to
-// group k / 2, so it sits at column 4 * (k / 2) + idx_k; the two kept values of a
-// group have idx in increasing order. value = d * (nibble - 8).
+// two values are kept, 16 per row and block. Which two is a 3-bit pair code per group
+// (4 choose 2 = 6 pairs), so a row-block is 2 (d) + 3 (codes) + 8 (nibbles) = 13 bytes
+// (3.25 bits a weight) against W4's 18.
+//  - pc[r]: row r's 8 pair codes as a 24-bit little-endian number p = pc[r][0] |
+//    pc[r][1] << 8 | pc[r][2] << 16; group g's code is (p >> 3g) & 7 and keeps columns
+//    4g + moert_w4s24_pairs[code][0] and 4g + moert_w4s24_pairs[code][1] (in increasing
+//    order). Codes 6 and 7 are never written; they read as the pairs of codes 0 and 5,
+//    so every byte pattern has one meaning on every ISA.
 //  - qs[r][j] (j = 0..7): kept value j in the low nibble, kept value j + 8 in the high
-//    nibble (so the low nibbles read columns 0..15, the high ones columns 16..31);
-//  - idx[r][i] (i = 0..3): the 2-bit column-in-group of kept values 4i..4i+3, kept
-//    value 4i + t in bits 2t..2t+1.
-// 14 bytes per row and block (3.5 bits a weight) against W4's 18.
+//    nibble, kept value k being group k / 2's first (k even) or second (k odd) column
+//    (so the low nibbles read columns 0..15, the high ones columns 16..31).
+// value = d * (nibble - 8). The codes come before the nibbles so that a 16-byte load
+// from any row's codes stays inside the block.
+// (The first layout, GGUF type 0x4D3, spent 2 bits on each kept value's position:
+// 14 bytes a row-block. It is no longer read; see docs/formats.md.)
 struct moert_w4s24_block {
   uint16_t d[MOERT_NR];
+  uint8_t pc[MOERT_NR][3];
   uint8_t qs[MOERT_NR][8];
-  uint8_t idx[MOERT_NR][4];
 };
-static_assert(sizeof(moert_w4s24_block) == 112, "W4S24 block layout");
+static_assert(sizeof(moert_w4s24_block) == 104, "W4S24 block layout");
+
+// The two columns (within its group of 4) that each W4S24 pair code keeps.
+inline constexpr uint8_t moert_w4s24_pairs[8][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2},
+                                                    {1, 3}, {2, 3}, {0, 1}, {2, 3}};
+
+// Group g's (0..7) pair code in a row's 3 code bytes.
+inline int moert_w4s24_code(const uint8_t* pc, int g) {
+  const uint32_t p = static_cast<uint32_t>(pc[0]) | static_cast<uint32_t>(pc[1]) << 8 |
+                     static_cast<uint32_t>(pc[2]) << 16;
+  return static_cast<int>((p >> (3 * g)) & 7);
+}
 
 // Quantizes k floats (k a multiple of 32) to k/32 A8 blocks at `a`.
 typedef void (*moert_q8_quant_ukernel_fn)(size_t k, const float* x, moert_a8_block* a);

@@ -3,12 +3,13 @@
 // (unsigned bytes times signed bytes, four products summed into each int32 lane) instead
 // of maddubs + hadd + madd. Included by the *-avxvnni.cc files (-mavxvnni: the VEX form,
 // 256-bit) and the *-avx512vnni.cc files (-mavx512f -mavx512bw -mavx512vl -mavx512vnni:
-// the EVEX form, and 512-bit registers for W4 and W4M).
+// the EVEX form, and 512-bit registers for W4, W4M and W4S24).
 //
 // Numerics: vpdpbusd adds exact products into int32 lanes without saturation (a lane
-// sums at most 8 products of 15 * 127 for W4, 4 of 128 * 127 for W8), so every block's
-// isum is the exact integer the scalar reference forms, and the float steps are
-// avx2::AddScaled's: every output has the reference's bits.
+// sums at most 8 products of 15 * 127 for W4, 4 of 128 * 127 for W8, 16 of 15 * 127 or
+// 8 * 127 for W4S24's two sums), so every block's isum is the exact integer the scalar
+// reference forms, and the float steps are avx2::AddScaled's: every output has the
+// reference's bits.
 #ifndef MOERT_KERNELS_VNNI_QGEMM_H_
 #define MOERT_KERNELS_VNNI_QGEMM_H_
 
@@ -76,6 +77,25 @@ struct W8 : avx2::W8 {
       s[r] = DpBusd(zero, w.abs_w[r], _mm256_sign_epi8(av, wr));
     }
     return avx2::AddScaled(acc, SumRows(s), w.d, a.d);
+  }
+};
+
+// W4S24 (2:4 sparse), both VNNI forms: avx2::W4S24's expanded pair codes and gathered
+// activations, with the nibble products and the minus-8 term each summed by vpdpbusd
+// straight into int32 lanes (one row per lane, rows in order): no int16 stage.
+struct W4S24 : avx2::W4S24 {
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256i sum = _mm256_setzero_si256();
+    __m256i offset = _mm256_setzero_si256();
+    MOERT_AVX2_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256i g = Gather(w, a, i);
+      sum = DpBusd(sum, w.nibble[i], g);
+      offset = DpBusd(offset, eight, g);
+    }
+    return avx2::AddScaled(acc, _mm256_sub_epi32(sum, offset), w.d, a.d);
   }
 };
 
@@ -165,6 +185,96 @@ struct W4Mx512 {
   static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
                                              const moert_a8_block& a) {
     return avx2::AddOffset(avx2::AddScaled(acc, DotNibbles8(w.n, a), w.d, a.d), w.m, a);
+  }
+};
+
+// --- 512-bit W4S24 (AVX512-VNNI) ---------------------------------------------------------
+//
+// avx2::W4S24 with two of its index registers in one 512-bit register: index[0] holds
+// avx2's index[0] | index[1] (kept values 0..7), index[1] its index[2] | index[3]
+// (8..15). The codes register is repeated in both halves, so each expansion step
+// (pshufb, multiply, shift, multiply-add, table pshufb, add) serves 32 (row, group)
+// codes instead of 16; the 64 nibble bytes are one load and one vpermd (the a dwords
+// of rows 0..7, then the b dwords). The activation tables of a half are avx2's: the
+// block's bytes at 8i. The two halves' int32 sums are added at the end: rows in order.
+struct W4S24Tables512 {
+  uint8_t place[2][64];
+  uint16_t shift[2][32];
+  uint8_t columns[64];
+};
+
+constexpr W4S24Tables512 MakeW4S24Tables512() {
+  const avx2::W4S24Tables& t = avx2::kW4S24Tables;
+  W4S24Tables512 u{};
+  for (int j = 0; j < 2; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 32; ++k) u.place[j][32 * h + k] = t.place[2 * j + h][k];
+      for (int k = 0; k < 16; ++k) u.shift[j][16 * h + k] = t.shift[2 * j + h][k];
+    }
+  }
+  for (int k = 0; k < 64; ++k) u.columns[k] = t.columns[k % 32];
+  return u;
+}
+
+alignas(64) inline constexpr W4S24Tables512 kW4S24Tables512 = MakeW4S24Tables512();
+
+struct W4S24x512 {
+  using Block = moert_w4s24_block;
+  using Lanes = avx2::W4S24::Lanes;  // rows in order
+  struct Prepared {
+    __m512i index[2];   // kept values 0..7, 8..15 of every row (a dword per row and half)
+    __m512i nibble[2];  // the matching nibbles
+    __m256 d;
+  };
+  static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
+    Prepared w;
+    const W4S24Tables512& t = kW4S24Tables512;
+    const __m512i codes = _mm512_broadcast_i64x4(avx2::W4S24::LoadCodes(b));
+    const __m512i columns = _mm512_load_si512(t.columns);
+    const __m512i dup = _mm512_set1_epi16(0x0101);
+    const __m512i second = _mm512_set1_epi16(0x0800);
+    const __m512i odd = _mm512_set1_epi32(0x04040000);
+    MOERT_AVX2_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const __m512i words = _mm512_shuffle_epi8(codes, _mm512_load_si512(t.place[j]));
+      const __m512i code =
+          _mm512_srli_epi16(_mm512_mullo_epi16(words, _mm512_load_si512(t.shift[j])), 13);
+      const __m512i control = _mm512_add_epi16(_mm512_mullo_epi16(code, dup), second);
+      w.index[j] = _mm512_add_epi8(_mm512_shuffle_epi8(columns, control), odd);
+    }
+    // Row r's qs bytes 0..3 are dword 2r, bytes 4..7 dword 2r + 1.
+    const __m512i q = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15),
+        _mm512_loadu_si512(b.qs));
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    w.nibble[0] = _mm512_and_si512(q, mask);                        // kept 0..3 | 4..7
+    w.nibble[1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);  // kept 8..11 | 12..15
+    w.d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    return w;
+  }
+  // The activation tables of index[j]: the block's bytes at 16j and 16j + 8.
+  static MOERT_AVX2_INLINE __m512i Tables(const moert_a8_block& a, int j) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&a) + 16 * j;
+    const __m256i lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+    const __m256i hi =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 8)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m512i eight = _mm512_set1_epi8(8);
+    __m512i sum = _mm512_setzero_si512();
+    __m512i offset = _mm512_setzero_si512();
+    MOERT_AVX2_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const __m512i g = _mm512_shuffle_epi8(Tables(a, j), w.index[j]);
+      sum = _mm512_dpbusd_epi32(sum, w.nibble[j], g);
+      offset = _mm512_dpbusd_epi32(offset, eight, g);
+    }
+    const __m512i isum = _mm512_sub_epi32(sum, offset);
+    return avx2::AddScaled(
+        acc, _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1)),
+        w.d, a.d);
   }
 };
 

@@ -1,6 +1,6 @@
 // q4s24 (2:4 sparse) GEMM on NEON dotprod: up to 4 activation rows against 8-row
 // W4S24 tiles, bit-identical to the scalar reference. As the 1x8 GEMV (rows in pairs,
-// positions turned into vqtbl1q gather indices, one sdot per half and row pair), with
+// pair codes turned into vqtbl1q gather indices, one sdot per half and row pair), with
 // each pair's weights and gather indices built once per block and used for every
 // activation row.
 #include <arm_neon.h>
@@ -34,7 +34,7 @@ void Q4s24Gemm(size_t nc, size_t kb, const moert_a8_block* a, size_t a_stride,
 #pragma GCC unroll 2
         for (int p = 0; p < 2; ++p) {
           const int r = 4 * h + 2 * p;
-          const neon::W4S24Pair wp = unpack.Pair(vld1q_u8(blk.qs[r]), vld1_u8(blk.idx[r]));
+          const neon::W4S24Pair wp = unpack.Pair(vld1q_u8(blk.qs[r]), vld1_u8(blk.pc[r]));
 #pragma GCC unroll 4
           for (size_t i = 0; i < M; ++i) {
             const int8_t* aq = neon::Reload(arow[i][b].qs);

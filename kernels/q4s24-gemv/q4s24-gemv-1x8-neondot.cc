@@ -1,6 +1,6 @@
 // q4s24 (2:4 sparse) GEMV on NEON dotprod: one activation row against 8-row W4S24
 // tiles, bit-identical to the scalar reference. Rows go in pairs (neon-qgemm.h,
-// W4S24Unpacker): the 2-bit positions become vqtbl1q indices that gather each kept
+// W4S24Unpacker): the 3-bit pair codes become vqtbl1q indices that gather each kept
 // value's activation from its half block, so one sdot per half covers two rows (16
 // multiply-adds per row and block, half of W4's). A pair's sums sit in lanes
 // [r, r, r+1, r+1], so one vpaddq gives 4 rows in lanes for the float part (multiply,
@@ -29,7 +29,7 @@ void Q4s24Gemv(size_t nc, size_t kb, const moert_a8_block* a, const moert_w4s24_
       int32x4_t pair[4];
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const neon::W4S24Pair wp = unpack.Pair(vld1q_u8(blk.qs[2 * p]), vld1_u8(blk.idx[2 * p]));
+        const neon::W4S24Pair wp = unpack.Pair(vld1q_u8(blk.qs[2 * p]), vld1_u8(blk.pc[2 * p]));
         pair[p] = vdotq_s32(zero, wp.w_lo, vqtbl1q_s8(a_lo, wp.col_lo));
         pair[p] = vdotq_s32(pair[p], wp.w_hi, vqtbl1q_s8(a_hi, wp.col_hi));
       }

@@ -67,7 +67,20 @@ constexpr size_t kW4mM = offsetof(moert_w4m_block, m);
 constexpr size_t kW4mQs = offsetof(moert_w4m_block, qs);
 constexpr size_t kW8Qs = offsetof(moert_w8_block, qs);
 constexpr size_t kW4s24Qs = offsetof(moert_w4s24_block, qs);
-constexpr size_t kW4s24Idx = offsetof(moert_w4s24_block, idx);
+constexpr size_t kW4s24Pc = offsetof(moert_w4s24_block, pc);
+
+// The W4S24 pair code of the columns lo < hi of a group of 4.
+int W4s24PairCode(int lo, int hi) {
+  for (int c = 0; c < 6; ++c) {
+    if (moert_w4s24_pairs[c][0] == lo && moert_w4s24_pairs[c][1] == hi) return c;
+  }
+  return 0;  // Unreachable for 0 <= lo < hi <= 3.
+}
+
+// The column (0..31) of kept value k (0..15) of a row whose codes are at pc.
+int W4s24Column(const uint8_t* pc, int k) {
+  return 4 * (k / 2) + moert_w4s24_pairs[moert_w4s24_code(pc, k / 2)][k % 2];
+}
 
 // The tile block holding rows [8 * (row / 8), +8) and columns [32 * b, +32).
 template <typename Byte>
@@ -312,7 +325,7 @@ absl::Status PruneW4ToW4S24(std::span<const uint8_t> w4, int64_t rows, int64_t c
       StoreU16(out + 2 * r, d_bits);
       const float d = core::Fp16ToFloat(d_bits);
       uint8_t* qs = out + kW4s24Qs + 8 * r;
-      uint8_t* idx = out + kW4s24Idx + 4 * r;
+      uint32_t codes = 0;  // row r's 24-bit pair codes
       for (int g = 0; g < kQk / 4; ++g) {
         // The two largest |w| * importance of the group; on ties the lower column
         // wins (strict comparisons, columns visited in increasing order).
@@ -343,9 +356,11 @@ absl::Status PruneW4ToW4S24(std::span<const uint8_t> w4, int64_t rows, int64_t c
           } else {
             qs[k - 8] = static_cast<uint8_t>(qs[k - 8] | (nibble << 4));
           }
-          idx[k / 4] = static_cast<uint8_t>(idx[k / 4] | (kept[s] << (2 * (k % 4))));
         }
+        codes |= static_cast<uint32_t>(W4s24PairCode(kept[0], kept[1])) << (3 * g);
       }
+      uint8_t* pc = out + kW4s24Pc + 3 * r;
+      for (int j = 0; j < 3; ++j) pc[j] = static_cast<uint8_t>(codes >> (8 * j));
     }
   }
   return absl::OkStatus();
@@ -403,12 +418,11 @@ absl::Status UnpackRows(WeightFormat format, std::span<const uint8_t> packed, in
         }
         case WeightFormat::kW4S24: {
           const uint8_t* qs = blk + kW4s24Qs + 8 * r;
-          const uint8_t* idx = blk + kW4s24Idx + 4 * r;
+          const uint8_t* pc = blk + kW4s24Pc + 3 * r;
           std::fill(y, y + kQk, 0.0f);
           for (int k = 0; k < 16; ++k) {
             const int nibble = k < 8 ? (qs[k] & 0x0F) : (qs[k - 8] >> 4);
-            const int pos = (idx[k / 4] >> (2 * (k % 4))) & 3;
-            y[4 * (k / 2) + pos] = static_cast<float>(nibble - 8) * d;
+            y[W4s24Column(pc, k)] = static_cast<float>(nibble - 8) * d;
           }
           break;
         }
@@ -466,10 +480,9 @@ absl::Status UnpackToGgml(WeightFormat format, std::span<const uint8_t> packed, 
           std::array<int, kQk> nibbles;
           nibbles.fill(8);
           const uint8_t* qs = blk + kW4s24Qs + 8 * r;
-          const uint8_t* idx = blk + kW4s24Idx + 4 * r;
+          const uint8_t* pc = blk + kW4s24Pc + 3 * r;
           for (int k = 0; k < 16; ++k) {
-            const int pos = (idx[k / 4] >> (2 * (k % 4))) & 3;
-            nibbles[static_cast<size_t>(4 * (k / 2) + pos)] =
+            nibbles[static_cast<size_t>(W4s24Column(pc, k))] =
                 k < 8 ? (qs[k] & 0x0F) : (qs[k - 8] >> 4);
           }
           std::memcpy(y, blk + 2 * r, 2);

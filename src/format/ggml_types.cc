@@ -46,7 +46,7 @@ constexpr std::array kTraits = {
     GgmlTypeTraits{GgmlType::kMoertW4, "moert_w4", 32, 18},
     GgmlTypeTraits{GgmlType::kMoertW4M, "moert_w4m", 32, 20},
     GgmlTypeTraits{GgmlType::kMoertW8, "moert_w8", 32, 34},
-    GgmlTypeTraits{GgmlType::kMoertW4S24, "moert_w4s24", 32, 14},
+    GgmlTypeTraits{GgmlType::kMoertW4S24, "moert_w4s24", 32, 13},
 };
 
 }  // namespace

@@ -47,14 +47,20 @@ enum class GgmlType : uint32_t {
   // moert extensions, far from ggml's ids: the runtime layouts of kernels/ukernel.h
   // (8-row tiles of 32-column blocks; docs/formats.md, "Runtime formats"), as
   // moert-pack writes routed-expert tensors. Their block shape is the per-row share
-  // of a tile block (32 values; 18, 20, 34 and 14 bytes), so sizes compute as for any
+  // of a tile block (32 values; 18, 20, 34 and 13 bytes), so sizes compute as for any
   // ggml type; the values cannot be read without the row count (the tiles), so
   // format::Dequantize rejects them: backend::DequantizePackedTensor reads them.
   kMoertW4 = 0x4D0,
   kMoertW4M = 0x4D1,
   kMoertW8 = 0x4D2,
-  kMoertW4S24 = 0x4D3,
+  // 0x4D3 was W4S24's first layout (14 bytes a row-block, 2-bit positions); the reader
+  // refuses it by name (kMoertW4S24FirstLayoutId).
+  kMoertW4S24 = 0x4D4,
 };
+
+// The type id of W4S24's first layout, which no build since reads: GGUF readers answer
+// it with an error that says to repack.
+inline constexpr uint32_t kMoertW4S24FirstLayoutId = 0x4D3;
 
 struct GgmlTypeTraits {
   GgmlType type;

@@ -520,6 +520,14 @@ absl::Status GgufFile::Parse(const GgufLimits& limits) {
     auto type_id = c.Read<uint32_t>("the tensor type");
     if (!type_id.ok()) return fail(type_id.status(), context);
     std::optional<GgmlTypeTraits> traits = LookupGgmlType(*type_id);
+    if (*type_id == kMoertW4S24FirstLayoutId) {
+      return fail(absl::InvalidArgumentError(moert::StrCat(
+                      "at byte ", at, ": ggml type id ", *type_id,
+                      " is moert_w4s24 in its first layout (2-bit positions, 14 bytes a "
+                      "row-block), which this build no longer reads: repack the source "
+                      "GGUF with moert-pack --sparsity 2:4 (docs/formats.md)")),
+                  context);
+    }
     if (!traits) {
       return fail(absl::InvalidArgumentError(
                       moert::StrCat("at byte ", at, ": unknown ggml type id ", *type_id)),

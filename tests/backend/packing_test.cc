@@ -90,7 +90,7 @@ TEST(Packing, NamesSizesAndTypes) {
   EXPECT_EQ(PackedBytes(WeightFormat::kW4, 13, 64), 2u * 2u * 144u);
   EXPECT_EQ(PackedBytes(WeightFormat::kW4M, 13, 64), 2u * 2u * 160u);
   EXPECT_EQ(PackedBytes(WeightFormat::kW8, 8, 32), 272u);
-  EXPECT_EQ(PackedBytes(WeightFormat::kW4S24, 1, 32), 112u);
+  EXPECT_EQ(PackedBytes(WeightFormat::kW4S24, 1, 32), 104u);
   EXPECT_EQ(PackedBytes(WeightFormat::kW4, 0, 32), 0u);
 
   EXPECT_EQ(NaturalFormat(GgmlType::kQ4_0), WeightFormat::kW4);
@@ -116,7 +116,7 @@ TEST(Packing, NamesSizesAndTypes) {
   for (const Case& c : {Case{WeightFormat::kW4, GgmlType::kMoertW4, 0x4D0, "moert_w4"},
                         Case{WeightFormat::kW4M, GgmlType::kMoertW4M, 0x4D1, "moert_w4m"},
                         Case{WeightFormat::kW8, GgmlType::kMoertW8, 0x4D2, "moert_w8"},
-                        Case{WeightFormat::kW4S24, GgmlType::kMoertW4S24, 0x4D3, "moert_w4s24"}}) {
+                        Case{WeightFormat::kW4S24, GgmlType::kMoertW4S24, 0x4D4, "moert_w4s24"}}) {
     EXPECT_EQ(PackedTypeOf(c.format), c.type);
     EXPECT_EQ(PackedFormatOf(c.type), c.format);
     auto traits = format::LookupGgmlType(c.id);
@@ -256,7 +256,7 @@ TEST(Packing, TileLayoutMatchesUkernelStructs) {
       for (size_t r = 5; r < 8; ++r) {  // rows 13..15: padding
         EXPECT_EQ(blk.d[r], 0);
         for (uint8_t v : blk.qs[r]) EXPECT_EQ(v, 0);
-        for (uint8_t v : blk.idx[r]) EXPECT_EQ(v, 0);
+        for (uint8_t v : blk.pc[r]) EXPECT_EQ(v, 0);
       }
     }
   }
@@ -447,6 +447,17 @@ TEST(Pruning, KeepsTheTwoLargestOfFourTiesToTheLowerColumn) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], expect_row0[i]) << i;
   const std::vector<float> w(v.begin(), v.end());
   EXPECT_EQ(got, PruneReference(w, rows, cols, {}));
+  // The bytes (kernels/ukernel.h): row 0's groups keep columns {1, 2}, {0, 1}, {0, 3},
+  // {0, 2}, then {0, 1} (all zeros) four times: pair codes 3, 0, 2, 1, 0, 0, 0, 0 at
+  // bits 3g, i.e. 3 | 2 << 6 | 1 << 9 = 0x283; the kept values -5, 3, 4, 4, 0, 7, -8,
+  // -8 are nibbles 3, 11, 12, 12, 8, 15, 0, 0 (low), the zeros of groups 4-7 nibble 8
+  // (high).
+  const auto blk = BlockOf<moert_w4s24_block>(s24, 1, 0, 0);
+  EXPECT_EQ(blk.pc[0][0], 0x83);
+  EXPECT_EQ(blk.pc[0][1], 0x02);
+  EXPECT_EQ(blk.pc[0][2], 0x00);
+  const uint8_t expect_qs[8] = {0x83, 0x8B, 0x8C, 0x8C, 0x88, 0x8F, 0x80, 0x80};
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(blk.qs[0][j], expect_qs[j]) << j;
 
   // Importance turns the choice: column 0 of the first group weighted 10x wins over 3.
   std::vector<float> importance(static_cast<size_t>(cols), 1.0f);
@@ -482,6 +493,16 @@ TEST(Pruning, MatchesTheReferenceOnRandomMatricesAndKeepsScales) {
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(SameBits(got[i], expected[i]) || (got[i] == 0 && expected[i] == 0))
           << "weighted " << weighted << " value " << i;
+    }
+    // Only the six pair codes are written (6 and 7 are reserved).
+    const int64_t kb = cols / 32;
+    for (int64_t tile = 0; tile < (rows + 7) / 8; ++tile) {
+      for (int64_t b = 0; b < kb; ++b) {
+        const auto blk = BlockOf<moert_w4s24_block>(s24, kb, tile, b);
+        for (int r = 0; r < 8; ++r) {
+          for (int g = 0; g < 8; ++g) ASSERT_LT(moert_w4s24_code(blk.pc[r], g), 6);
+        }
+      }
     }
   }
   // A W4S24 matrix reads back as Q4_0 of the same values: pruned weights are zeros.
@@ -598,7 +619,7 @@ TEST(Packing, GgufReaderAcceptsPackedTypesOfWholeTiles) {
   // 12 rows per expert (two experts: 24 in all) is not whole tiles of each matrix.
   format::GgufWriter bad;
   ASSERT_TRUE(bad.AddTensor("experts", GgmlType::kMoertW4S24, {64, 12, 2},
-                            std::vector<uint8_t>(24 * 2 * 14))
+                            std::vector<uint8_t>(24 * 2 * 13))
                   .ok());
   const std::vector<uint8_t> bad_bytes = bad.Serialize();
   auto bad_file = format::GgufFile::FromBuffer(bad_bytes);
@@ -607,6 +628,25 @@ TEST(Packing, GgufReaderAcceptsPackedTypesOfWholeTiles) {
                 .find("moert_w4s24 tensor needs a multiple of 8 rows"),
             std::string::npos)
       << bad_file.status();
+
+  // A file of W4S24's first layout (type id 0x4D3, 14 bytes a row-block) is refused by
+  // name, with what to do about it.
+  format::GgufWriter old_layout;
+  ASSERT_TRUE(old_layout.AddTensor("experts", GgmlType::kMoertW4S24, {64, 8, 1},
+                                   std::vector<uint8_t>(8 * 2 * 13))
+                  .ok());
+  std::vector<uint8_t> old_bytes = old_layout.Serialize();
+  const uint8_t new_id[4] = {0xD4, 0x04, 0x00, 0x00};
+  auto at = std::search(old_bytes.begin(), old_bytes.end(), new_id, new_id + 4);
+  ASSERT_NE(at, old_bytes.end());
+  *at = 0xD3;
+  auto old_file = format::GgufFile::FromBuffer(old_bytes);
+  ASSERT_FALSE(old_file.ok());
+  EXPECT_NE(std::string(old_file.status().message())
+                .find("moert_w4s24 in its first layout (2-bit positions, 14 bytes a row-block), "
+                      "which this build no longer reads: repack"),
+            std::string::npos)
+      << old_file.status();
 }
 
 }  // namespace

@@ -70,18 +70,8 @@ std::vector<uint8_t> RandomWeights(WeightFormat f, size_t n, size_t kb, std::mt1
             auto* blk = reinterpret_cast<moert_w4s24_block*>(p);
             blk->d[r] = live ? RandomScale(rng, true) : 0;
             for (auto& q : blk->qs[r]) q = live ? static_cast<uint8_t>(byte(rng)) : 0x88;
-            // Two distinct increasing positions per group of 4.
-            static constexpr uint8_t kPairs[6][2] = {{0, 1}, {0, 2}, {0, 3},
-                                                     {1, 2}, {1, 3}, {2, 3}};
-            std::memset(blk->idx[r], 0, sizeof(blk->idx[r]));
-            for (int g = 0; g < 8; ++g) {
-              const auto& pair = kPairs[live ? byte(rng) % 6 : 0];
-              for (int s = 0; s < 2; ++s) {
-                const int k = 2 * g + s;
-                blk->idx[r][k / 4] = static_cast<uint8_t>(blk->idx[r][k / 4] |
-                                                          (pair[s] << (2 * (k % 4))));
-              }
-            }
+            // Random pair codes, 6 and 7 (never written, but defined) included.
+            for (auto& q : blk->pc[r]) q = live ? static_cast<uint8_t>(byte(rng)) : 0;
             break;
           }
         }
@@ -139,11 +129,17 @@ double WeightValue(WeightFormat f, const uint8_t* block, int r, int j) {
     }
     case WeightFormat::kW4S24: {
       const auto* b = reinterpret_cast<const moert_w4s24_block*>(block);
+      // The group's 3-bit code (bits 3g..3g+2 of the row's 24 code bits) and the two
+      // columns it keeps (codes 6 and 7 read as 0 and 5), written out apart from the
+      // kernels' table.
+      static constexpr int kPairs[8][2] = {{0, 1}, {0, 2}, {0, 3}, {1, 2},
+                                           {1, 3}, {2, 3}, {0, 1}, {2, 3}};
       const int g = j / 4;
+      const uint32_t bits = b->pc[r][0] + 256u * b->pc[r][1] + 65536u * b->pc[r][2];
+      const int code = static_cast<int>(bits / (1u << (3 * g)) % 8);
       for (int s = 0; s < 2; ++s) {
         const int k = 2 * g + s;
-        const int pos = (b->idx[r][k / 4] >> (2 * (k % 4))) & 3;
-        if (4 * g + pos == j) {
+        if (4 * g + kPairs[code][s] == j) {
           const int q = k < 8 ? (b->qs[r][k] & 0x0F) : (b->qs[r][k - 8] >> 4);
           return static_cast<double>(core::Fp16ToFloat(b->d[r])) * (q - 8);
         }

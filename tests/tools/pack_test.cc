@@ -1,11 +1,15 @@
 // Tests of the expert checksums moert-pack writes (moert.expert_xxh64), as the expert
 // cache reads them: one per expert, equal to what the loader computes from the packed
-// file's bytes, so that a corrupted expert fails its very first load.
+// file's bytes, so that a corrupted expert fails its very first load; and of the
+// packed model itself: with its experts in a pool it computes the same bits as fully
+// resident (W4 and 2:4-sparse W4S24 experts, which the pool hands to the kernels as is).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,6 +26,7 @@
 #include "experts/loader.h"
 #include "format/gguf.h"
 #include "format/model_spec.h"
+#include "model/model.h"
 
 namespace moert {
 namespace {
@@ -192,6 +197,58 @@ TEST_P(PackChecksums, CorruptExpertFailsItsFirstLoad) {
     }
   }
   EXPECT_EQ(cache->stats().failed_loads, 1u);
+}
+
+// Prefill then 6 greedy decode steps of the packed model; every logit, in order, and
+// the model's memory stats after them.
+std::vector<float> GreedyLogits(const GgufFile& file, const model::ModelLoadOptions& options,
+                                model::MemoryStats* stats) {
+  auto m = model::Model::Load(file, options);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  auto kv = (*m)->NewKvCache(64);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  if (!kv.ok()) return {};
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back((7 * i + 3) % 50);
+  std::vector<float> all, logits;
+  EXPECT_TRUE((*m)->Forward(tokens, kv->get(), model::LogitsFor::kAll, &logits).ok());
+  all.insert(all.end(), logits.begin(), logits.end());
+  for (int step = 0; step < 6; ++step) {
+    const size_t n_vocab = logits.size() / (step == 0 ? tokens.size() : 1);
+    const auto last = logits.end() - static_cast<std::ptrdiff_t>(n_vocab);
+    const int32_t next = static_cast<int32_t>(std::max_element(last, logits.end()) - last);
+    const int32_t one[1] = {next};
+    EXPECT_TRUE((*m)->Forward(one, kv->get(), model::LogitsFor::kLast, &logits).ok());
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  *stats = (*m)->memory_stats();
+  return all;
+}
+
+TEST_P(PackChecksums, ExpertPoolGivesTheResidentBits) {
+  const Packed packed = Open(path_);
+  ASSERT_NE(packed.file, nullptr);
+  model::ModelLoadOptions options;
+  options.threads = 2;
+  options.kv_cache_positions = 64;
+  options.router.alpha = 0;  // no residency penalty: the same experts as resident
+  // The experts are in the parameter's layout.
+  const std::string want_type = std::string(GetParam()).empty() ? "moert_w4" : "moert_w4s24";
+  const format::GgufTensorInfo* up = packed.file->FindTensor("blk.0.ffn_up_exps.weight");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(format::GgmlTypeName(up->type), want_type);
+  model::MemoryStats stats;
+  const std::vector<float> resident = GreedyLogits(*packed.file, options, &stats);
+  ASSERT_FALSE(resident.empty());
+  EXPECT_FALSE(stats.expert_pool);
+  options.expert_pool_fraction = 0.25;
+  options.io_mode = experts::IoMode::kBuffered;
+  const std::vector<float> pooled = GreedyLogits(*packed.file, options, &stats);
+  EXPECT_TRUE(stats.expert_pool);
+  EXPECT_GT(stats.pool.evictions, 0u);  // a quarter of the experts: loads all along
+  ASSERT_EQ(pooled.size(), resident.size());
+  EXPECT_EQ(std::memcmp(pooled.data(), resident.data(), resident.size() * sizeof(float)), 0);
 }
 
 // Dense (lossless W4) and 2:4 pruned by magnitude (W4S24: packed, then pruned).

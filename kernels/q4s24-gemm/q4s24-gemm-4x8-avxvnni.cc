@@ -1,0 +1,9 @@
+// AVX-VNNI q4s24 GEMM: up to 4 A8 activation rows times W4S24 (2:4 sparse int4) weight tiles
+// (prefill); each block's pair codes are expanded once for all rows. The block math
+// (256-bit, VEX vpdpbusd) is in kernels/vnni-qgemm.h.
+#include "kernels/ukernels-avxvnni.h"
+#include "kernels/vnni-qgemm.h"
+
+MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__avxvnni) {
+  moert::kernels::avx2::QGemm4<moert::kernels::vnni::W4S24>(m, nc, kb, a, a_stride, w, c, c_stride);
+}
