@@ -102,7 +102,7 @@ struct Params {
   // Prefetch of predicted experts, one run of the tests per value (--prefetch on,off).
   std::vector<bool> prefetch = {false};
   int prefetch_depth = 1;
-  int io_threads = 1;  // experts::LoaderOptions::io_threads
+  int io_threads = 2;  // experts::LoaderOptions::io_threads
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
@@ -457,7 +457,7 @@ const std::vector<Flag>& Flags() {
       {"", "--prefetch-depth", "N", "prefetch for the layer N ahead (default 1)",
        IntSetter(&Params::prefetch_depth, 1, 1 << 16, "layers ahead")},
       {"", "--io-threads", "N",
-       "expert loader threads: loads read at once, each\nwith its own staging buffer (default 1)",
+       "expert loader threads: loads read at once, each\nwith its own staging buffer (default 2)",
        IntSetter(&Params::io_threads, 1, 16, "threads")},
       {"", "--prefetch-protect", "N",
        "prefetch never evicts experts used in the last N\nsteps (default 2, the lazy window)",

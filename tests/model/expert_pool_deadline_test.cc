@@ -63,6 +63,7 @@ std::unique_ptr<Model> LoadWithALongQueue(ReadHook hook) {
   ModelLoadOptions options = pool_test::Options();
   options.expert_pool_fraction = 1.0;
   options.io_mode = experts::IoMode::kBuffered;
+  options.expert_cache.loader.io_threads = 1;  // the read held up holds the queue behind it
   options.expert_cache.loader.before_read_for_testing = std::move(hook);
   std::unique_ptr<Model> model = pool_test::Load(kName, options);
   if (model == nullptr) return nullptr;
