@@ -172,6 +172,11 @@ public final class MoertJniTest {
       check(rt.modelInfo().fileOffset == prefix, "int fd embedded: offset "
           + rt.modelInfo().fileOffset);
       checkGreedy(rt, "int fd, embedded at " + prefix, refIds, refText);
+      // Its earlier name, kept.
+      loadModelFdByItsEarlierName(rt, intOf(apkFd), prefix, size);
+      check(rt.modelInfo().fileOffset == prefix, "loadModelFd: offset "
+          + rt.modelInfo().fileOffset);
+      checkGreedy(rt, "loadModelFd, embedded at " + prefix, refIds, refText);
 
       // (d) Refused with a model loaded: the model stays, and the next good load works.
       checkRefused("loadModel(-1) with a model", () -> rt.loadModel(-1, prefix, size, null),
@@ -394,5 +399,11 @@ public final class MoertJniTest {
       System.exit(1);
     }
     System.out.println("MoertJniTest: all checks passed");
+  }
+
+  @SuppressWarnings("deprecation")
+  private static void loadModelFdByItsEarlierName(MoERuntime rt, int fd, long offset, long length)
+      throws MoertException {
+    rt.loadModelFd(fd, offset, length, null);
   }
 }

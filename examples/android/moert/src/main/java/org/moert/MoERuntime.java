@@ -127,6 +127,13 @@ public final class MoERuntime implements AutoCloseable {
     nativeLoad(live(), null, fd, offset, length, listener);
   }
 
+  /** The earlier name of loadModel(int fd, ...), kept for callers written against it. */
+  @Deprecated
+  public void loadModelFd(int fd, long offset, long length, ProgressListener listener)
+      throws MoertException {
+    loadModel(fd, offset, length, listener);
+  }
+
   /** Loads a MiniCPM-V vision projector (llama.cpp's --mmproj) for the loaded model. */
   public synchronized void loadMmproj(String path) throws MoertException {
     nativeLoadMmproj(live(), path);
