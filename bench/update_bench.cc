@@ -32,7 +32,6 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -71,20 +70,6 @@ struct Args {
   std::exit(2);
 }
 
-bool ParseExperts(const std::string& text, std::vector<std::pair<int, int>>* out) {
-  out->clear();
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    int layer = -1, expert = -1;
-    char colon = 0;
-    std::stringstream one(item);
-    if (!(one >> layer >> colon >> expert) || colon != ':' || layer < 0 || expert < 0) return false;
-    out->emplace_back(layer, expert);
-  }
-  return !out->empty();
-}
-
 Args Parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -106,7 +91,9 @@ Args Parse(int argc, char** argv) {
     if (flag == "-m" || flag == "--model") {
       a.model = value();
     } else if (flag == "--experts") {
-      if (!ParseExperts(value(), &a.experts)) Usage("--experts: expected L:E,L:E,...");
+      auto experts = moert::experts::ParseExpertList(value());
+      if (!experts.ok()) Usage("--experts: " + std::string(experts.status().message()));
+      a.experts = std::move(*experts);
     } else if (flag == "--fraction") {
       a.fraction = number(1e-6, 1);
     } else if (flag == "--steps") {

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -221,18 +220,9 @@ int Perturb(const Args& args) {
   const std::string out = Need(args, "-o", &status);
   const std::string list = Need(args, "--experts", &status);
   if (!status.ok()) return Fail(status);
-  std::vector<std::pair<int, int>> experts;
-  std::istringstream items(list);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    int layer = -1, expert = -1;
-    char colon = 0;
-    std::istringstream fields(item);
-    if (!(fields >> layer >> colon >> expert) || colon != ':') {
-      return Fail(StrCat("--experts: '", item, "' is not LAYER:EXPERT"));
-    }
-    experts.emplace_back(layer, expert);
-  }
+  const auto parsed = ex::ParseExpertList(list);
+  if (!parsed.ok()) return Fail(StrCat("--experts: ", parsed.status().message()));
+  const std::vector<std::pair<int, int>>& experts = *parsed;
   double fraction = 0.25;
   uint64_t seed = 1;
   try {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <sstream>
 
 #include "core/status.h"
 #include "core/strings.h"
@@ -43,6 +44,24 @@ struct ExpertSlices {
 };
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::pair<int, int>>> ParseExpertList(std::string_view text) {
+  std::vector<std::pair<int, int>> experts;
+  std::istringstream items{std::string(text)};
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    int layer = -1, expert = -1;
+    char colon = 0;
+    std::istringstream fields(item);
+    std::string rest;
+    if (!(fields >> layer >> colon >> expert) || colon != ':' || (fields >> rest)) {
+      return absl::InvalidArgumentError(StrCat("'", item, "' is not LAYER:EXPERT"));
+    }
+    experts.emplace_back(layer, expert);
+  }
+  if (experts.empty()) return absl::InvalidArgumentError("no experts listed (LAYER:EXPERT,...)");
+  return experts;
+}
 
 bool ParseExpertTensorName(std::string_view name, int* layer, int* part) {
   if (name.substr(0, 4) != "blk.") return false;

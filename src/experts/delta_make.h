@@ -39,6 +39,11 @@ absl::StatusOr<std::vector<uint8_t>> MakeDeltaPackage(const format::GgufFile& ba
 // false for any other name. part: 0 gate, 1 up, 2 down (ExpertPartKind).
 bool ParseExpertTensorName(std::string_view name, int* layer, int* part);
 
+// A list of experts as the tools take it: "LAYER:EXPERT,LAYER:EXPERT,..." (moert-delta
+// perturb --experts, moert-bench-update --experts). InvalidArgument naming the first
+// item that is not two numbers around a colon, or for an empty list.
+absl::StatusOr<std::vector<std::pair<int, int>>> ParseExpertList(std::string_view text);
+
 // A stand-in for a retrained expert (tests, moert-delta perturb): the bytes of `file`
 // with a `fraction` (0, 1] of the weights of each listed (layer, expert) moved by one
 // quantization step, `steps` times (Q8_0, Q4_0: a quant +-steps; F16: one ulp; F32:

@@ -65,6 +65,18 @@ TEST(DeltaCodecTest, PatchRoundTripsAndRejectsAnotherSize) {
   EXPECT_TRUE(!s.ok() || out != target);
 }
 
+TEST(DeltaMakeTest, ExpertListsParseOrNameTheBadItem) {
+  auto ok = ParseExpertList("0:1,3:7");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, (std::vector<std::pair<int, int>>{{0, 1}, {3, 7}}));
+  for (const char* bad : {"0:1,3", "0-1", "0:1x", "a:b", ""}) {
+    auto parsed = ParseExpertList(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseExpertList("0:1,0:1x").status().message().find("'0:1x'"), std::string::npos);
+}
+
 TEST(DeltaPackageTest, KeysRoundTripThroughHex) {
   const KeyPair pair = GenerateKeyPair();
   auto pub = ParsePublicKey(ToHex(pair.public_key) + "\n");
