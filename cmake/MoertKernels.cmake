@@ -60,6 +60,12 @@ set(MOERT_AVX512VNNI_KERNEL_SOURCES
   ${k}/q4s24-gemv/q4s24-gemv-1x8-avx512vnni.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-avx512vnni.cc
 )
+# AVX512-VBMI (Ice Lake, Sapphire Rapids, Zen 4) on top of AVX512-VNNI: byte permutes
+# across the whole register, for W4S24's pair codes.
+set(MOERT_AVX512VBMI_KERNEL_SOURCES
+  ${k}/q4s24-gemv/q4s24-gemv-1x8-avx512vbmi.cc
+  ${k}/q4s24-gemm/q4s24-gemm-4x8-avx512vbmi.cc
+)
 # aarch64: NEON with the dot-product extension, and with i8mm.
 set(MOERT_NEONDOT_KERNEL_SOURCES
   ${k}/q8-quant/q8-quant-neon.cc
@@ -102,6 +108,10 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND MOERT_AVX2_KERNEL
     COMPILE_OPTIONS "${moert_avx512_flags}")
   list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX512VNNI_KERNEL_SOURCES})
   list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX512VNNI)
+  set_source_files_properties(${MOERT_AVX512VBMI_KERNEL_SOURCES} PROPERTIES
+    COMPILE_OPTIONS "${moert_avx512_flags};-mavx512vbmi")
+  list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX512VBMI_KERNEL_SOURCES})
+  list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX512VBMI)
 endif()
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$" AND MOERT_NEONDOT_KERNEL_SOURCES)
   set_source_files_properties(${MOERT_NEONDOT_KERNEL_SOURCES} PROPERTIES

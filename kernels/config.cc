@@ -26,6 +26,9 @@
 #if defined(MOERT_KERNELS_AVX512VNNI)
 #include "kernels/ukernels-avx512vnni.h"
 #endif
+#if defined(MOERT_KERNELS_AVX512VBMI)
+#include "kernels/ukernels-avx512vbmi.h"
+#endif
 #if defined(MOERT_KERNELS_NEON)
 #include "kernels/ukernels-neon.h"
 #endif
@@ -37,8 +40,9 @@ namespace moert::kernels {
 namespace {
 
 // Every ISA, each architecture's from the reference up (AvailableIsas' order).
-constexpr Isa kAllIsas[] = {Isa::kScalar,  Isa::kAvx2,     Isa::kAvxVnni, Isa::kAvx512Vnni,
-                            Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
+constexpr Isa kAllIsas[] = {Isa::kScalar,     Isa::kAvx2,    Isa::kAvxVnni,
+                            Isa::kAvx512Vnni, Isa::kAvx512Vbmi, Isa::kNeonDot,
+                            Isa::kNeonI8mm,   Isa::kSme2};
 
 HardwareConfig DetectHardware() {
   HardwareConfig hw;
@@ -53,6 +57,7 @@ HardwareConfig DetectHardware() {
   hw.avx_vnni = hw.avx2 && leaf7_1 && (eax & (1u << 4)) != 0;
   hw.avx512_vnni = hw.avx2 && cpuinfo_has_x86_avx512f() && cpuinfo_has_x86_avx512bw() &&
                    cpuinfo_has_x86_avx512vl() && cpuinfo_has_x86_avx512vnni();
+  hw.avx512_vbmi = hw.avx512_vnni && cpuinfo_has_x86_avx512vbmi();
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
     hw.amx_int8 = (edx & (1u << 24)) != 0 && (edx & (1u << 25)) != 0;
   }
@@ -93,6 +98,12 @@ bool IsaBuilt(Isa isa) {
 #else
       return false;
 #endif
+    case Isa::kAvx512Vbmi:
+#if defined(MOERT_KERNELS_AVX512VBMI)
+      return true;
+#else
+      return false;
+#endif
     case Isa::kNeonDot:
     case Isa::kNeonI8mm:
 #if defined(MOERT_KERNELS_NEON)
@@ -121,6 +132,8 @@ bool CpuRuns(Isa isa) {
       return hw.avx_vnni;
     case Isa::kAvx512Vnni:
       return hw.avx512_vnni;
+    case Isa::kAvx512Vbmi:
+      return hw.avx512_vbmi;
     case Isa::kNeonDot:
       return hw.neon_dot;
     case Isa::kNeonI8mm:
@@ -181,6 +194,11 @@ void Apply(Isa isa, KernelConfig& c) {
       MOERT_APPLY_AVX512VNNI_KERNELS(c);
 #endif
       break;
+    case Isa::kAvx512Vbmi:
+#if defined(MOERT_KERNELS_AVX512VBMI)
+      MOERT_APPLY_AVX512VBMI_KERNELS(c);
+#endif
+      break;
     case Isa::kNeonDot:
 #if defined(MOERT_KERNELS_NEON)
       MOERT_APPLY_NEONDOT_KERNELS(c);
@@ -204,9 +222,11 @@ KernelConfig BuildConfig(Isa isa) {
   KernelConfig c = ScalarConfig();
   // Each architecture's ISAs build on each other: a config for `isa` layers every
   // available step up to it (a CPU with AVX512-VNNI but not AVX-VNNI skips that step).
-  static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni};
+  static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni,
+                                      Isa::kAvx512Vbmi};
   static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
-  const bool x86 = isa == Isa::kAvx2 || isa == Isa::kAvxVnni || isa == Isa::kAvx512Vnni;
+  const bool x86 = isa == Isa::kAvx2 || isa == Isa::kAvxVnni || isa == Isa::kAvx512Vnni ||
+                   isa == Isa::kAvx512Vbmi;
   if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
     for (Isa step : x86 ? std::span<const Isa>(kX86Chain) : std::span<const Isa>(kArmChain)) {
       if (IsaAvailable(step)) Apply(step, c);
@@ -253,6 +273,8 @@ const char* IsaName(Isa isa) {
       return "avxvnni";
     case Isa::kAvx512Vnni:
       return "avx512vnni";
+    case Isa::kAvx512Vbmi:
+      return "avx512vbmi";
     case Isa::kNeonDot:
       return "neondot";
     case Isa::kNeonI8mm:
@@ -269,7 +291,8 @@ absl::StatusOr<Isa> ParseIsa(std::string_view name) {
   }
   return absl::InvalidArgumentError(
       StrCat("unknown ISA \"", name,
-             "\" (expected scalar, avx2, avxvnni, avx512vnni, neondot, neoni8mm or sme2)"));
+             "\" (expected scalar, avx2, avxvnni, avx512vnni, avx512vbmi, neondot, neoni8mm or "
+             "sme2)"));
 }
 
 const HardwareConfig& GetHardwareConfig() {

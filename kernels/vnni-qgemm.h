@@ -289,6 +289,105 @@ struct W4S24x512 {
   }
 };
 
+#if defined(__AVX512VBMI__)
+
+// --- W4S24 with AVX512-VBMI byte permutes ------------------------------------------------
+//
+// vpermb indexes all 64 bytes of a register, so the expansion needs no per-lane tables:
+//  1. one vpermb puts row r's 3 code bytes in qword r;
+//  2. per half j (kept values 8j..8j+7 of every row, byte 8r + k), one vpmultishiftqb
+//     picks for byte k the 8 bits at 3 * (4j + k / 2) of its qword: the group's code in
+//     bits 0..2;
+//  3. one vpternlogd keeps those 3 bits and adds the byte's (second?, group) as bits
+//     3 and 4..6: a 7-bit index into a 128-entry table of each (code, second, group)'s
+//     column in the block, which one vpermi2b reads.
+// A half's kept values are then one vpermb of the 32 activation bytes, and its nibbles
+// one and (low nibbles: kept values 0..7) or shift and and (high: 8..15) of the block's
+// 64 qs bytes, already in that byte order. Each row's 4 dword sums are added by a qword
+// shift and add and vpmovqd: rows in order.
+struct W4S24VbmiTables {
+  uint8_t spread[64];       // vpermb: row r's code bytes 3r..3r+2 into qword r
+  uint8_t shift[2][64];     // vpmultishiftqb controls of half j
+  uint8_t select[2][64];    // (k % 2) << 3 | group << 4 of byte 8r + k of half j
+  uint8_t columns[128];     // [code | second << 3 | group << 4] = 4 group + the column
+};
+
+constexpr W4S24VbmiTables MakeW4S24VbmiTables() {
+  W4S24VbmiTables t{};
+  for (int r = 0; r < 8; ++r) {
+    for (int k = 0; k < 8; ++k) t.spread[8 * r + k] = static_cast<uint8_t>(3 * r + (k < 3 ? k : 2));
+  }
+  for (int j = 0; j < 2; ++j) {
+    for (int i = 0; i < 64; ++i) {
+      const int k = i % 8;
+      const int group = 4 * j + k / 2;
+      t.shift[j][i] = static_cast<uint8_t>(3 * group);
+      t.select[j][i] = static_cast<uint8_t>((k % 2) << 3 | group << 4);
+    }
+  }
+  for (int i = 0; i < 128; ++i) {
+    const int code = i & 7, second = (i >> 3) & 1, group = i >> 4;
+    t.columns[i] = static_cast<uint8_t>(4 * group + moert_w4s24_pairs[code][second]);
+  }
+  return t;
+}
+
+alignas(64) inline constexpr W4S24VbmiTables kW4S24VbmiTables = MakeW4S24VbmiTables();
+
+struct W4S24Vbmi {
+  using Block = moert_w4s24_block;
+  using Lanes = avx2::W4S24::Lanes;  // rows in order
+  struct Prepared {
+    __m512i index[2];   // half j: byte 8r + k = the column of row r's kept value 8j + k
+    __m512i nibble[2];  // the matching nibbles
+    __m256 d;
+  };
+  static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
+    const W4S24VbmiTables& t = kW4S24VbmiTables;
+    Prepared w;
+    // 32 bytes from the codes stay inside the block (the nibbles follow them).
+    const __m512i codes = _mm512_permutexvar_epi8(
+        _mm512_load_si512(t.spread),
+        _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.pc))));
+    const __m512i columns_lo = _mm512_load_si512(t.columns);
+    const __m512i columns_hi = _mm512_load_si512(t.columns + 64);
+    MOERT_AVX2_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const __m512i fields = _mm512_multishift_epi64_epi8(_mm512_load_si512(t.shift[j]), codes);
+      // (fields & 7) | select: vpternlogd's truth table for (A & B) | C.
+      const __m512i entry = _mm512_ternarylogic_epi32(fields, _mm512_set1_epi8(7),
+                                                      _mm512_load_si512(t.select[j]), 0xEA);
+      w.index[j] = _mm512_permutex2var_epi8(columns_lo, entry, columns_hi);
+    }
+    const __m512i q = _mm512_loadu_si512(b.qs);
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    w.nibble[0] = _mm512_and_si512(q, mask);
+    w.nibble[1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
+    w.d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d)));
+    return w;
+  }
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    const __m512i table =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)));
+    const __m512i eight = _mm512_set1_epi8(8);
+    __m512i sum = _mm512_setzero_si512();
+    __m512i offset = _mm512_setzero_si512();
+    MOERT_AVX2_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const __m512i g = _mm512_permutexvar_epi8(w.index[j], table);
+      sum = _mm512_dpbusd_epi32(sum, w.nibble[j], g);
+      offset = _mm512_dpbusd_epi32(offset, eight, g);
+    }
+    // Row r's two dwords are qword r: add them in its low dword and narrow.
+    const __m512i isum = _mm512_sub_epi32(sum, offset);
+    const __m256i rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(isum, _mm512_srli_epi64(isum, 32)));
+    return avx2::AddScaled(acc, rows, w.d, a.d);
+  }
+};
+
+#endif  // __AVX512VBMI__
+
 #endif  // AVX512F && AVX512BW && AVX512VNNI
 
 }  // inline namespace evex / vex

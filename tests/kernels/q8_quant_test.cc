@@ -225,8 +225,8 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,
                          });
 
 TEST(KernelConfigTest, ParsesIsaNames) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kNeonDot,
-                  Isa::kNeonI8mm, Isa::kSme2}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kAvx512Vbmi,
+                  Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
     auto parsed = ParseIsa(IsaName(isa));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, isa);
@@ -265,7 +265,7 @@ TEST(KernelConfigTest, ScalarConfigHoldsOnlyScalarKernels) {
 TEST(KernelConfigTest, VnniConfigsKeepAvx2WhereTheyHaveNoVariant) {
   std::string skipped;
   int checked = 0;
-  for (Isa isa : {Isa::kAvxVnni, Isa::kAvx512Vnni}) {
+  for (Isa isa : {Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kAvx512Vbmi}) {
     auto config = KernelConfigFor(isa);
     if (!config.ok()) {
       skipped += std::string(IsaName(isa)) + ": " + std::string(config.status().message()) + "; ";
@@ -273,14 +273,16 @@ TEST(KernelConfigTest, VnniConfigsKeepAvx2WhereTheyHaveNoVariant) {
     }
     EXPECT_EQ(config->q8_quant.isa, Isa::kAvx2) << IsaName(isa);
     EXPECT_EQ(config->topk.isa, Isa::kAvx2) << IsaName(isa);
-    EXPECT_EQ(config->q4.gemv_isa, isa);
-    EXPECT_EQ(config->q4.gemm_isa, isa);
-    EXPECT_EQ(config->q8.gemv_isa, isa);
+    // AVX512-VBMI has a W4S24 variant only: W4 and W8 keep AVX512-VNNI's.
+    const Isa dense = isa == Isa::kAvx512Vbmi ? Isa::kAvx512Vnni : isa;
+    EXPECT_EQ(config->q4.gemv_isa, dense);
+    EXPECT_EQ(config->q4.gemm_isa, dense);
+    EXPECT_EQ(config->q8.gemv_isa, dense);
     EXPECT_EQ(config->q4s24.gemv_isa, isa);
     EXPECT_EQ(config->q4s24.gemm_isa, isa);
     ++checked;
   }
-  if (checked == 0) GTEST_SKIP() << skipped;  // neither VNNI ISA runs here
+  if (checked == 0) GTEST_SKIP() << skipped;  // no VNNI ISA runs here
   if (!skipped.empty()) std::printf("skipped %s\n", skipped.c_str());
 }
 

@@ -118,7 +118,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(WeightFormat::kW4, WeightFormat::kW4M, WeightFormat::kW8,
                                          WeightFormat::kW4S24),
                        ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni,
-                                         Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2),
+                                         Isa::kAvx512Vbmi, Isa::kNeonDot, Isa::kNeonI8mm,
+                                         Isa::kSme2),
                        ::testing::Values(Op::kGemv, Op::kGemm)),
     ParamName);
 

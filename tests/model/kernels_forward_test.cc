@@ -231,7 +231,8 @@ TEST(KernelsForwardSlowTest, FullTop1AgreementWithReferencePath) {
 
 TEST(KernelsForward, UnavailableIsaIsAClearError) {
   for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kAvxVnni, kernels::Isa::kAvx512Vnni,
-                           kernels::Isa::kNeonDot, kernels::Isa::kSme2}) {
+                           kernels::Isa::kAvx512Vbmi, kernels::Isa::kNeonDot,
+                           kernels::Isa::kSme2}) {
     if (kernels::IsaAvailable(isa)) continue;
     ModelLoadOptions options;
     options.isa = isa;
