@@ -70,6 +70,10 @@ constexpr char kUsage[] =
     "\n"
     "  --sparsity 2:4|none    2:4: prune the experts to moert_w4s24, keeping 2 of every\n"
     "                         4 weights of a row (default: none)\n"
+    "  --sparse-attn          with --sparsity 2:4, also prune each layer's attention\n"
+    "                         projections (attn_q, attn_k, attn_v, attn_output) to\n"
+    "                         moert_w4s24, by magnitude: a decoded token then reads\n"
+    "                         2:4 weights for those too\n"
     "  --calib TEXT           calibration text: prune by |w| * RMS of the activations each\n"
     "                         input column sees on TEXT (a forward pass of IN over it), and\n"
     "                         print the perplexity on TEXT before and after packing\n"
@@ -123,6 +127,7 @@ struct Options {
   std::string in;
   std::string out;
   bool sparse = false;
+  bool sparse_attn = false;  // --sparse-attn
   bool dense_fallback = false;  // --dense-fallback
   std::string calib;
   std::string eval;
@@ -139,6 +144,9 @@ struct Options {
 
 constexpr TensorKind kExpertKinds[] = {TensorKind::kFfnGateExps, TensorKind::kFfnUpExps,
                                        TensorKind::kFfnDownExps};
+// What --sparse-attn prunes as well.
+constexpr TensorKind kAttentionKinds[] = {TensorKind::kAttnQ, TensorKind::kAttnK,
+                                          TensorKind::kAttnV, TensorKind::kAttnOut};
 
 // Loads a tensor of `rows` x `cols` values as fp32.
 absl::Status LoadFloat(const GgufFile& file, const std::string& name, int64_t rows, int64_t cols,
@@ -285,7 +293,8 @@ class Calibration {
   std::vector<Layer> layers_;
 };
 
-// One tensor of the output: packed (a routed-expert tensor of whole tiles) or copied.
+// One tensor of the output: packed (a routed-expert tensor of whole tiles, or with
+// --sparse-attn an attention projection: one "expert") or copied.
 struct Plan {
   const GgufTensorInfo* tensor = nullptr;
   bool expert = false;  // a routed-expert tensor
@@ -298,12 +307,40 @@ struct Plan {
   int64_t n_expert = 0;
 };
 
+// Whether `t` is whole 8 x 32 tiles of a type PackRows reads; if not, a note says why.
+bool Packable(const GgufTensorInfo& t, int64_t rows, int64_t cols,
+              std::vector<std::string>* notes) {
+  if (!moert::backend::CanPack(t.type)) {
+    notes->push_back(StrCat(t.name, ": type ", moert::format::GgmlTypeName(t.type),
+                            " cannot be packed, copied"));
+    return false;
+  }
+  if (rows % 8 != 0 || cols % 32 != 0) {
+    notes->push_back(StrCat(t.name, ": ", rows, " rows x ", cols,
+                            " columns is not whole 8 x 32 tiles, copied"));
+    return false;
+  }
+  return true;
+}
+
 std::vector<Plan> MakePlans(const GgufFile& file, const ModelSpec& spec, bool sparse,
-                            std::vector<std::string>* notes) {
+                            bool sparse_attn, std::vector<std::string>* notes) {
   std::vector<Plan> plans;
   for (const GgufTensorInfo& t : file.tensors()) {
     Plan p;
     p.tensor = &t;
+    for (int il = 0; il < static_cast<int>(spec.n_layer) && sparse && sparse_attn; ++il) {
+      for (TensorKind kind : kAttentionKinds) {
+        if (t.name != moert::format::TensorWeightName(kind, il) || t.dims.size() != 2) continue;
+        p.kind = kind;
+        p.layer = il;
+        p.cols = static_cast<int64_t>(t.dims[0]);
+        p.rows = static_cast<int64_t>(t.dims[1]);
+        p.n_expert = 1;
+        p.pack = Packable(t, p.rows, p.cols, notes);
+        p.format = WeightFormat::kW4S24;
+      }
+    }
     for (int il = 0; il < static_cast<int>(spec.n_layer) && !p.expert; ++il) {
       for (TensorKind kind : kExpertKinds) {
         if (t.name != moert::format::TensorWeightName(kind, il)) continue;
@@ -317,13 +354,7 @@ std::vector<Plan> MakePlans(const GgufFile& file, const ModelSpec& spec, bool sp
         p.cols = static_cast<int64_t>(t.dims[0]);
         p.rows = static_cast<int64_t>(t.dims[1]);
         p.n_expert = static_cast<int64_t>(t.dims[2]);
-        if (!moert::backend::CanPack(t.type)) {
-          notes->push_back(StrCat(t.name, ": type ", moert::format::GgmlTypeName(t.type),
-                                  " cannot be packed, copied"));
-        } else if (p.rows % 8 != 0 || p.cols % 32 != 0) {
-          notes->push_back(StrCat(t.name, ": ", p.rows, " rows x ", p.cols,
-                                  " columns is not whole 8 x 32 tiles, copied"));
-        } else {
+        if (Packable(t, p.rows, p.cols, notes)) {
           p.pack = true;
           p.format = sparse ? WeightFormat::kW4S24 : moert::backend::NaturalFormat(t.type);
         }
@@ -335,7 +366,8 @@ std::vector<Plan> MakePlans(const GgufFile& file, const ModelSpec& spec, bool sp
   return plans;
 }
 
-// Packs one expert of a planned tensor into `dst`.
+// Packs one expert of a planned tensor (e = 0 for an attention projection) into `dst`.
+// Calibration ranks the experts' weights; attention projections are pruned by magnitude.
 absl::Status PackExpert(const GgufFile& file, const Plan& p, int64_t e,
                         const Calibration* calibration, std::vector<uint8_t>* dst) {
   const uint64_t row_bytes =
@@ -345,7 +377,7 @@ absl::Status PackExpert(const GgufFile& file, const Plan& p, int64_t e,
       file.TensorData(*p.tensor).subspan(static_cast<size_t>(expert_bytes) * static_cast<size_t>(e),
                                          static_cast<size_t>(expert_bytes));
   dst->resize(moert::backend::PackedBytes(p.format, p.rows, p.cols));
-  if (p.format != WeightFormat::kW4S24 || calibration == nullptr) {
+  if (p.format != WeightFormat::kW4S24 || calibration == nullptr || !p.expert) {
     return moert::backend::PackRows(p.tensor->type, src, p.rows, p.cols, p.format, *dst);
   }
   std::vector<uint8_t> w4(moert::backend::PackedBytes(WeightFormat::kW4, p.rows, p.cols));
@@ -449,6 +481,8 @@ absl::Status WritePacked(const GgufFile& file, const ModelSpec& spec,
   }
   writer.SetUint32("moert.pack.version", 1);
   writer.SetString("moert.pack.sparsity", options.sparse ? "2:4" : "none");
+  writer.SetString("moert.pack.sparse_tensors",
+                   !options.sparse ? "" : options.sparse_attn ? "experts,attention" : "experts");
   writer.SetUint32("moert.pack.tile_rows", MOERT_NR);
   writer.SetString("moert.pack.calibration",
                    calibration != nullptr ? std::filesystem::path(options.calib).filename().string()
@@ -716,7 +750,7 @@ int Run(const Options& options) {
     fallback = std::move(*tensors);
   }
   std::vector<std::string> notes;
-  std::vector<Plan> plans = MakePlans(file, spec, options.sparse, &notes);
+  std::vector<Plan> plans = MakePlans(file, spec, options.sparse, options.sparse_attn, &notes);
   if (fallback) {
     // IN's own fallback (if any) is replaced by the new one.
     std::erase_if(plans, [&](const Plan& p) {
@@ -748,18 +782,24 @@ int Run(const Options& options) {
   }
   int packed = 0;
   int expert_tensors = 0;
+  int attention_packed = 0;
   for (const Plan& p : plans) {
-    packed += p.pack ? 1 : 0;
+    packed += p.pack && p.expert ? 1 : 0;
     expert_tensors += p.expert ? 1 : 0;
+    attention_packed += p.pack && !p.expert ? 1 : 0;
   }
+  const std::string attention_note =
+      options.sparse_attn
+          ? StrCat(", ", attention_packed, " attention projections 2:4 sparse (by magnitude)")
+          : "";
   const std::string fallback_note =
       fallback ? StrCat(", dense fallback FFN in ", fallback->size() / 3, " layers") : "";
-  std::fprintf(stderr, "moert-pack: wrote %s: %d of %d routed-expert tensors packed (%s)%s%s\n",
+  std::fprintf(stderr, "moert-pack: wrote %s: %d of %d routed-expert tensors packed (%s)%s%s%s\n",
                options.out.c_str(), packed, expert_tensors, options.sparse ? "2:4 sparse" : "dense",
                options.sparse
                    ? (calibration ? ", pruned by |w| * activation RMS" : ", pruned by magnitude")
                    : "",
-               fallback_note.c_str());
+               attention_note.c_str(), fallback_note.c_str());
 
   if (!before) return 0;
   // The perplexity after: from OUT itself when the model loader reads packed files,
@@ -828,6 +868,8 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (v == nullptr) return Fail("--sparsity needs 2:4 or none (see --help)");
       sparsity = v;
+    } else if (arg == "--sparse-attn") {
+      options.sparse_attn = true;
     } else if (arg == "--dense-fallback") {
       options.dense_fallback = true;
     } else if (arg == "--calib") {
@@ -888,6 +930,9 @@ int main(int argc, char** argv) {
     options.sparse = true;
   } else if (sparsity != "none") {
     return Fail(StrCat("--sparsity '", sparsity, "' is not supported (2:4 or none)"));
+  }
+  if (options.sparse_attn && !options.sparse) {
+    return Fail("--sparse-attn needs --sparsity 2:4");
   }
   if (options.prune_by == PruneBy::kActivations && options.calib.empty()) {
     return Fail("--prune-by activations needs a calibration text (--calib TEXT)");

@@ -238,6 +238,20 @@ TEST_P(PackChecksums, ExpertPoolGivesTheResidentBits) {
   const format::GgufTensorInfo* up = packed.file->FindTensor("blk.0.ffn_up_exps.weight");
   ASSERT_NE(up, nullptr);
   EXPECT_EQ(format::GgmlTypeName(up->type), want_type);
+  // --sparse-attn: the attention projections too; else they stay as IN has them.
+  const bool sparse_attn = std::string(GetParam()).find("--sparse-attn") != std::string::npos;
+  auto in = GgufFile::Open(kOracle);
+  ASSERT_TRUE(in.ok()) << in.status();
+  for (const char* name : {"blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight",
+                           "blk.1.attn_output.weight"}) {
+    const format::GgufTensorInfo* t = packed.file->FindTensor(name);
+    const format::GgufTensorInfo* t_in = (*in)->FindTensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    ASSERT_NE(t_in, nullptr) << name;
+    EXPECT_EQ(std::string(format::GgmlTypeName(t->type)),
+              sparse_attn ? "moert_w4s24" : format::GgmlTypeName(t_in->type))
+        << name;
+  }
   model::MemoryStats stats;
   const std::vector<float> resident = GreedyLogits(*packed.file, options, &stats);
   ASSERT_FALSE(resident.empty());
@@ -251,10 +265,15 @@ TEST_P(PackChecksums, ExpertPoolGivesTheResidentBits) {
   EXPECT_EQ(std::memcmp(pooled.data(), resident.data(), resident.size() * sizeof(float)), 0);
 }
 
-// Dense (lossless W4) and 2:4 pruned by magnitude (W4S24: packed, then pruned).
-INSTANTIATE_TEST_SUITE_P(Modes, PackChecksums, ::testing::Values("", "--sparsity 2:4"),
+// Dense (lossless W4), 2:4 pruned by magnitude (W4S24: packed, then pruned), and 2:4 with
+// the attention projections pruned too (--sparse-attn).
+INSTANTIATE_TEST_SUITE_P(Modes, PackChecksums,
+                         ::testing::Values("", "--sparsity 2:4", "--sparsity 2:4 --sparse-attn"),
                          [](const ::testing::TestParamInfo<const char*>& param) {
-                           return std::string(param.param).empty() ? "Dense" : "Sparse24";
+                           const std::string p = param.param;
+                           return p.empty()                                       ? "Dense"
+                                  : p.find("--sparse-attn") != std::string::npos ? "Sparse24Attn"
+                                                                                 : "Sparse24";
                          });
 
 }  // namespace
