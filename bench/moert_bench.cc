@@ -85,6 +85,7 @@ struct Params {
   int n_gen = 128;
   int repetitions = 5;
   int threads = 0;  // 0: one per core
+  int poll = 50;    // ModelLoadOptions::poll
   OutputFormat output = OutputFormat::kMarkdown;
   // Memory budget (model::ModelLoadOptions): 0 = unset.
   uint64_t memory_budget_mb = 0;
@@ -204,6 +205,9 @@ const std::vector<Flag>& Flags() {
        IntSetter(&Params::repetitions, 1, 1000000, "a number of repetitions")},
       {"-t", "--threads", "N", "compute threads, 0: one per core (default 0)",
        IntSetter(&Params::threads, 0, 1024, "a number of threads")},
+      {"", "--poll", "N",
+       "0..100: idle compute threads spin a while before\nthey sleep (default 50: any level > 0); 0: they\nsleep at once",
+       IntSetter(&Params::poll, 0, 100, "a level 0..100")},
       {"-o", "--output", "FORMAT", "json or md (default md)",
        [](std::string_view v, Params& p) -> std::optional<std::string> {
          if (v == "json") {
@@ -1315,6 +1319,7 @@ int Run(const Params& p) {
     }
     moert::model::ModelLoadOptions options;
     options.threads = info.n_threads;
+    options.poll = p.poll;
     options.memory_budget_bytes = p.memory_budget_mb << 20;
     options.expert_pool_bytes = p.expert_pool_mb << 20;
     options.expert_pool_fraction = p.expert_pool_fraction;

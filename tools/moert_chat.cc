@@ -61,6 +61,8 @@ constexpr char kUsage[] =
     "  --repeat-penalty F       penalty for repeated tokens (default 1.0: off)\n"
     "  -s, --seed N             RNG seed (default -1: random)\n"
     "  -t, --threads N          compute threads (default 0: one per CPU)\n"
+    "  --poll N                 0..100: idle compute threads spin a while before they\n"
+    "                           sleep (default 50: any level > 0); 0: they sleep at once\n"
     "  -c, --ctx-size N         context length (default 0: what fits; the model's\n"
     "                           without a budget)\n"
     "  -ctk, --cache-type-k T   KV cache type for K: f32 (default), f16, q8_0\n"
@@ -136,6 +138,7 @@ struct Args {
   float repeat_penalty = 1.0f;
   int64_t seed = -1;
   int64_t threads = 0;
+  int64_t poll = 50;
   int64_t ctx_size = 0;
   int64_t memory_budget_mb = 0;
   int64_t expert_pool_mb = 0;
@@ -225,6 +228,9 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
       if (error.empty() && args->seed < -1) error = bad("-1 or a seed >= 0");
     } else if (arg == "-t" || arg == "--threads") {
       error = int_flag(&args->threads, 0);
+    } else if (arg == "--poll") {
+      error = int_flag(&args->poll, 0);
+      if (error.empty() && args->poll > 100) error = bad("a level 0..100");
     } else if (arg == "-c" || arg == "--ctx-size") {
       error = int_flag(&args->ctx_size, 0);
     } else if (arg == "--memory-budget-mb") {
@@ -496,6 +502,7 @@ int main(int argc, char** argv) {
 
   moert::RuntimeOptions options;
   options.threads = static_cast<int>(args.threads);
+  options.poll = static_cast<int>(args.poll);
   options.context_length = static_cast<int>(args.ctx_size);
   options.memory_budget_bytes = args.memory_budget_mb << 20;
   options.expert_pool_bytes = args.expert_pool_mb << 20;

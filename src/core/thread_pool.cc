@@ -49,11 +49,11 @@ void ThreadPool::ParallelFor(size_t n, absl::FunctionRef<void(size_t)> fn) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  // Idle workers yield rather than spin: the cores may be shared with other work.
 #ifdef MOERT_TSAN_ANNOTATE
   __tsan_release(&fn);
 #endif
-  pthreadpool_parallelize_1d(pool_, &Trampoline, &fn, n, PTHREADPOOL_FLAG_YIELD_WORKERS);
+  pthreadpool_parallelize_1d(pool_, &Trampoline, &fn, n,
+                             poll_ ? 0 : PTHREADPOOL_FLAG_YIELD_WORKERS);
 #ifdef MOERT_TSAN_ANNOTATE
   __tsan_acquire(&fn);
 #endif

@@ -230,6 +230,7 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     MOERT_ASSIGN_OR_RETURN(kernels::KernelConfig config, kernels::KernelConfigFor(*options.isa));
     pool_.set_kernels(config);
   }
+  pool_.set_poll(options.poll > 0);
   ffn_input_observer_ = options.ffn_input_observer;
   registry_ = telemetry::RegistryOrOwn(options.metrics);
   kv_types_ = {options.kv_type_k, options.kv_type_v};

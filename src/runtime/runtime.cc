@@ -150,6 +150,7 @@ absl::StatusOr<std::shared_ptr<LoadedModel>> Load(const ModelSource& source,
 
   model::ModelLoadOptions load_options;
   load_options.threads = options.threads;
+  load_options.poll = options.poll;
   load_options.progress = [&reporter](float fraction) { reporter.Report(fraction); };
   load_options.cancel = reporter.cancel();
   load_options.memory_budget_bytes = static_cast<uint64_t>(options.memory_budget_bytes);
@@ -379,6 +380,11 @@ Status CheckOptions(RuntimeOptions* options) {
   if (options->threads < 0) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("threads must be >= 0 (0: one per CPU), got ", options->threads));
+  }
+  if (options->poll < 0 || options->poll > 100) {
+    return Status(StatusCode::kInvalidArgument,
+                  StrCat("poll must be 0..100 (0: idle threads sleep at once), got ",
+                         options->poll));
   }
   if (options->context_length < 0) {
     return Status(

@@ -497,6 +497,10 @@ TEST(Architectures, YarnAndNegativeThreadsAreRefused) {
   ModelLoadOptions options;
   options.threads = -2;
   EXPECT_EQ(Model::Load(**file, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.threads = 1;
+  options.poll = 101;
+  EXPECT_EQ(Model::Load(**file, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.poll = 50;
 
   GgufWriter w;
   w.SetString("general.architecture", "llama");

@@ -520,6 +520,13 @@ TEST(RuntimeErrorsTest, BadOptions) {
   RuntimeOptions options;
   options.threads = -1;
   EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
+  for (int poll : {-1, 101}) {
+    options = {};
+    options.poll = poll;
+    const Status bad_poll = MoERuntime::Create(options, &runtime);
+    EXPECT_EQ(bad_poll.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad_poll.message(), HasSubstr("poll"));
+  }
   options = {};
   options.context_length = -5;
   const Status status = MoERuntime::Create(options, &runtime);
