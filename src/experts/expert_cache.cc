@@ -110,13 +110,17 @@ void ExpertCache::MarkResident(size_t index, uint64_t offset) {
   residency_[index / n][(index % n) / 64] |= uint64_t{1} << ((index % n) % 64);
 }
 
-void ExpertCache::Evict(size_t index) {
+void ExpertCache::Evict(size_t index, bool keep_pages) {
   Entry& entry = entries_[index];
   if (entry.prefetched) {
     ++counters_.prefetch_unused;
     entry.prefetched = false;
   }
-  pool_->FreeExpert(entry.offset);
+  if (keep_pages) {
+    pool_->FreeExpertKeepPages(entry.offset);
+  } else {
+    pool_->FreeExpert(entry.offset);
+  }
   by_offset_.erase(entry.offset);
   entry.resident = false;
   const size_t n = static_cast<size_t>(directory_.n_expert());
@@ -130,7 +134,7 @@ bool ExpertCache::InLazyWindow(const Entry& e, int steps) const {
          (e.prefetched && step_ - e.prefetch_step <= window);
 }
 
-bool ExpertCache::EvictOneForPrefetch() {
+bool ExpertCache::EvictOneForPrefetch(bool keep_pages) {
   size_t best = entries_.size();
   std::tuple<double, uint64_t, size_t> best_key{};
   for (size_t i = 0; i < entries_.size(); ++i) {
@@ -144,11 +148,11 @@ bool ExpertCache::EvictOneForPrefetch() {
     }
   }
   if (best == entries_.size()) return false;
-  Evict(best);
+  Evict(best, keep_pages);
   return true;
 }
 
-bool ExpertCache::EvictOne() {
+bool ExpertCache::EvictOne(bool keep_pages) {
   // Two candidate sets: outside the lazy window, and (only if that one is empty) inside.
   size_t best = entries_.size();
   bool best_lazy = true;
@@ -166,7 +170,7 @@ bool ExpertCache::EvictOne() {
   }
   if (best == entries_.size()) return false;
   if (best_lazy) ++counters_.lazy_evictions;
-  Evict(best);
+  Evict(best, keep_pages);
   return true;
 }
 
@@ -223,6 +227,13 @@ std::optional<memory::Block> ExpertCache::AllocateNextToPartner(const ExpertInfo
 }
 
 absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info, bool wait) {
+  absl::StatusOr<memory::Block> block = AllocateBlockFromWarm(info, wait);
+  pool_->ReleaseWarmExperts();  // the victims' blocks that were not reused
+  return block;
+}
+
+absl::StatusOr<memory::Block> ExpertCache::AllocateBlockFromWarm(const ExpertInfo& info,
+                                                                 bool wait) {
   const uint64_t need = BlockBytes(info.runtime_bytes, options_.min_block_bytes);
   while (true) {
     const memory::BuddyStats now = pool_->expert_allocator().stats();
@@ -236,7 +247,7 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
           [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
       if (block.ok() || !absl::IsResourceExhausted(block.status())) return block;
     }
-    if (EvictOne()) continue;
+    if (EvictOne(/*keep_pages=*/true)) continue;
     if (wait && !in_flight_.empty()) {
       // Prefetched blocks are pinned while they load: wait, then they may go.
       Drain();
@@ -380,11 +391,14 @@ ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
     }
     block = pool_->AllocateExpert(info.runtime_bytes);
     if (block.ok()) break;
-    if (!absl::IsResourceExhausted(block.status()) || !EvictOneForPrefetch()) {
+    if (!absl::IsResourceExhausted(block.status()) ||
+        !EvictOneForPrefetch(/*keep_pages=*/true)) {
+      pool_->ReleaseWarmExperts();
       ++counters_.prefetch_backoffs;
       return PrefetchResult::kBackedOff;
     }
   }
+  pool_->ReleaseWarmExperts();  // the victims' blocks that were not reused
   pool_->PinExpert(block->offset);
   entry.loading = true;
   entry.offset = block->offset;

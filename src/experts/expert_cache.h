@@ -304,12 +304,16 @@ class ExpertCache {
   backend::FfnView View(const ExpertInfo& info, const Entry& entry) const;
   double Score(const Entry& entry) const;
   void Touch(Entry& entry);
-  // A block for `info`, evicting and defragmenting as the class comment says.
+  // A block for `info`, evicting and defragmenting as the class comment says. The
+  // victims' pages stay committed until the block is found (TieredPool's warm blocks), so
+  // that a block that is a victim's own is reused without new page faults.
   // wait: when nothing can be evicted, wait for the prefetches in flight (else fail).
   absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info, bool wait = true);
-  bool EvictOne();
+  absl::StatusOr<memory::Block> AllocateBlockFromWarm(const ExpertInfo& info, bool wait);
+  // keep_pages: the victim's block stays warm (TieredPool::FreeExpertKeepPages).
+  bool EvictOne(bool keep_pages = false);
   // Evicts one expert Prefetch may take (see the class comment); false: none.
-  bool EvictOneForPrefetch();
+  bool EvictOneForPrefetch(bool keep_pages = false);
   // Whether the lazy rule holds `entry` (used, or prefetched, in the window).
   bool InLazyWindow(const Entry& entry, int steps) const;
   // Finishes the prefetch of entry `index` (waits when it has not finished).
@@ -317,7 +321,7 @@ class ExpertCache {
   // Takes the load of entry `index` out of the loader's queue if it has not started
   // (frees its block); false when it has.
   bool DropQueued(size_t index);
-  void Evict(size_t index);
+  void Evict(size_t index, bool keep_pages = false);
   void MarkResident(size_t index, uint64_t offset);
   // Co-placement: adds `expert` to the group of (step, layer), first closing the previous
   // group into its layer's counts when this is another step or layer.

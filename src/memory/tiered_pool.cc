@@ -200,10 +200,17 @@ absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block) {
     return absl::Status(block.status().code(),
                         StrCat("expert pool: ", std::string(block.status().message())));
   }
-  if (absl::Status status = Commit(expert_base_ + block->offset, block->size, Tier::kExpert);
-      !status.ok()) {
-    experts_.Free(block->offset);
-    return status;
+  const auto warm = std::find(warm_.begin(), warm_.end(),
+                              std::pair<uint64_t, uint64_t>{block->offset, block->size});
+  if (warm != warm_.end()) {
+    warm_.erase(warm);  // its pages are committed and resident already
+  } else {
+    ReleaseWarmOverlapping(block->offset, block->size);
+    if (absl::Status status = Commit(expert_base_ + block->offset, block->size, Tier::kExpert);
+        !status.ok()) {
+      experts_.Free(block->offset);
+      return status;
+    }
   }
   AddUsed(Tier::kExpert, block->size);
   return block;
@@ -217,11 +224,39 @@ void TieredPool::FreeExpert(uint64_t offset) {
   SubUsed(Tier::kExpert, size);
 }
 
+void TieredPool::FreeExpertKeepPages(uint64_t offset) {
+  const uint64_t size = experts_.BlockSize(offset);
+  experts_.Free(offset);  // reports a bad offset
+  if (size == 0) return;
+  warm_.emplace_back(offset, size);
+  SubUsed(Tier::kExpert, size);
+}
+
+void TieredPool::ReleaseWarmOverlapping(uint64_t offset, uint64_t size) {
+  std::erase_if(warm_, [&](const std::pair<uint64_t, uint64_t>& w) {
+    if (w.first >= offset + size || offset >= w.first + w.second) return false;
+    Decommit(expert_base_ + w.first, w.second, Tier::kExpert);
+    return true;
+  });
+}
+
+void TieredPool::ReleaseWarmExperts() {
+  for (const auto& [offset, size] : warm_) Decommit(expert_base_ + offset, size, Tier::kExpert);
+  warm_.clear();
+}
+
+uint64_t TieredPool::warm_expert_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& w : warm_) bytes += w.second;
+  return bytes;
+}
+
 absl::Status TieredPool::MoveExpert(uint64_t from, uint64_t to) {
   if (absl::Status status = experts_.CanRelocate(from, to); !status.ok()) {
     return absl::Status(status.code(), StrCat("expert pool: ", std::string(status.message())));
   }
   const uint64_t size = experts_.BlockSize(from);
+  ReleaseWarmOverlapping(to, size);
   if (absl::Status status = Commit(expert_base_ + to, size, Tier::kExpert); !status.ok()) {
     return status;
   }

@@ -69,6 +69,16 @@ class TieredPool {
   // as next to the block of an expert used together with this one (memory/co_placement.h).
   absl::StatusOr<Block> AllocateExpertAt(uint64_t offset, uint64_t bytes);
   void FreeExpert(uint64_t offset);  // programmer errors as BuddyAllocator::Free
+  // FreeExpert that leaves the block's pages committed and resident ("warm"): the next
+  // allocation of exactly this block takes them as they are, without the page faults
+  // and kernel zeroing of fresh pages, and holds the freed expert's bytes, not zeros.
+  // An allocation or move that overlaps a warm block otherwise gives its pages back
+  // first; ReleaseWarmExperts gives back every warm block not reused. The expert cache
+  // frees its victims this way while it makes room for a load, which in a full pool of
+  // same-size experts is the victim's own block.
+  void FreeExpertKeepPages(uint64_t offset);
+  void ReleaseWarmExperts();
+  uint64_t warm_expert_bytes() const;
   uint8_t* ExpertData(uint64_t offset) const { return expert_base_ + offset; }
   void PinExpert(uint64_t offset) { experts_.Pin(offset); }
   void UnpinExpert(uint64_t offset) { experts_.Unpin(offset); }
@@ -105,8 +115,11 @@ class TieredPool {
   TieredPool(const TieredPoolOptions& options, uint64_t page, uint8_t* map, uint64_t map_bytes,
              BuddyAllocator experts);
 
-  // Commits the pages of a block the allocator just handed out (freeing it on failure).
+  // Commits the pages of a block the allocator just handed out (freeing it on failure),
+  // or takes a warm block's as they are.
   absl::StatusOr<Block> CommitExpert(absl::StatusOr<Block> block);
+  // Gives back the pages of every warm block that overlaps [offset, offset + size).
+  void ReleaseWarmOverlapping(uint64_t offset, uint64_t size);
   absl::Status Commit(uint8_t* p, uint64_t bytes, Tier tier);
   void Decommit(uint8_t* p, uint64_t bytes, Tier tier);
   // Page reference counts over the activation tier: pages are committed when the first
@@ -132,6 +145,7 @@ class TieredPool {
 
   uint8_t* expert_base_;
   BuddyAllocator experts_;
+  std::vector<std::pair<uint64_t, uint64_t>> warm_;  // free expert blocks still committed
 
   uint8_t* activation_base_;
   uint64_t activation_capacity_;

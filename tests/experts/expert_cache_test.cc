@@ -170,6 +170,8 @@ TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
   for (int e = 0; e < 4; ++e) Use(*cache, model, 0, e);
   Use(*cache, model, 1, 0);  // full: one evicted for it
   EXPECT_EQ(cache->stats().used_bytes, 4 * 128 * kKiB);
+  // The victim's block was reused; no page is left committed outside a live block.
+  EXPECT_EQ(cache->stats().committed_bytes, 4 * 128 * kKiB);
 
   // Down to 2 blocks (rounded down to a block): two evicted now.
   cache->SetPoolLimit(2 * 128 * kKiB + 1000);

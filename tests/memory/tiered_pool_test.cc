@@ -84,6 +84,56 @@ TEST(TieredPoolTest, ReservesWithoutCommitting) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->ExpertData(0)) % (64 * kKiB), 0u);
 }
 
+// FreeExpertKeepPages: the block's pages stay committed and resident, and the next
+// allocation of exactly that block takes them with the old bytes; what is not reused
+// goes back with ReleaseWarmExperts, or when an allocation overlaps it.
+TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
+  auto pool = MakePool(0, 16 * kMiB, 0);
+  ASSERT_NE(pool, nullptr);
+  auto block = pool->AllocateExpert(4 * kMiB);
+  ASSERT_TRUE(block.ok()) << block.status();
+  uint8_t* data = pool->ExpertData(block->offset);
+  std::memset(data, 0xab, block->size);
+  pool->FreeExpertKeepPages(block->offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).used, 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);  // still there
+  EXPECT_EQ(pool->warm_expert_bytes(), 4 * kMiB);
+  EXPECT_RESIDENT(data, block->size, block->size / kPage);
+  auto again = pool->AllocateExpert(4 * kMiB);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->offset, block->offset);
+  EXPECT_EQ(pool->warm_expert_bytes(), 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).used, 4 * kMiB);
+  EXPECT_EQ(data[0], 0xab);  // the freed block's bytes, not fresh zeros
+  EXPECT_EQ(data[4 * kMiB - 1], 0xab);
+  EXPECT_RESIDENT(data, block->size, block->size / kPage);
+
+  // Not reused: given back.
+  pool->FreeExpertKeepPages(again->offset);
+  pool->ReleaseWarmExperts();
+  EXPECT_EQ(pool->warm_expert_bytes(), 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+  EXPECT_RESIDENT(data, 4 * kMiB, 0u);
+
+  // Two warm 4 MiB buddies under one 8 MiB block: given back, then committed afresh.
+  auto a = pool->AllocateExpert(4 * kMiB);
+  auto b = pool->AllocateExpert(4 * kMiB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::memset(pool->ExpertData(a->offset), 0xcd, 4 * kMiB);
+  std::memset(pool->ExpertData(b->offset), 0xcd, 4 * kMiB);
+  pool->FreeExpertKeepPages(a->offset);
+  pool->FreeExpertKeepPages(b->offset);
+  auto big = pool->AllocateExpert(8 * kMiB);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(pool->warm_expert_bytes(), 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 8 * kMiB);
+  EXPECT_EQ(pool->ExpertData(big->offset)[0], 0);  // fresh pages
+  EXPECT_EQ(pool->ExpertData(big->offset)[8 * kMiB - 1], 0);
+  pool->FreeExpert(big->offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+}
+
 TEST(TieredPoolTest, ExpertCommitAndGiveBackAreObservable) {
   auto pool = MakePool(0, 16 * kMiB, 0);
   ASSERT_NE(pool, nullptr);
