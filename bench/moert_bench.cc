@@ -85,7 +85,7 @@ struct Params {
   int n_gen = 128;
   int repetitions = 5;
   int threads = 0;  // 0: one per core
-  int poll = 50;    // ModelLoadOptions::poll
+  int poll = -1;    // ModelLoadOptions::poll
   OutputFormat output = OutputFormat::kMarkdown;
   // Memory budget (model::ModelLoadOptions): 0 = unset.
   uint64_t memory_budget_mb = 0;
@@ -206,8 +206,8 @@ const std::vector<Flag>& Flags() {
       {"-t", "--threads", "N", "compute threads, 0: one per core (default 0)",
        IntSetter(&Params::threads, 0, 1024, "a number of threads")},
       {"", "--poll", "N",
-       "0..100: idle compute threads spin a while before\nthey sleep (default 50: any level > 0); 0: they\nsleep at once",
-       IntSetter(&Params::poll, 0, 100, "a level 0..100")},
+       "1..100: idle compute threads spin a while before\nthey sleep; 0: they sleep at once; -1 (default):\nspin while every expert is resident, sleep with\nan expert pool",
+       IntSetter(&Params::poll, -1, 100, "a level -1..100")},
       {"-o", "--output", "FORMAT", "json or md (default md)",
        [](std::string_view v, Params& p) -> std::optional<std::string> {
          if (v == "json") {

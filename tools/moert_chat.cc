@@ -61,8 +61,9 @@ constexpr char kUsage[] =
     "  --repeat-penalty F       penalty for repeated tokens (default 1.0: off)\n"
     "  -s, --seed N             RNG seed (default -1: random)\n"
     "  -t, --threads N          compute threads (default 0: one per CPU)\n"
-    "  --poll N                 0..100: idle compute threads spin a while before they\n"
-    "                           sleep (default 50: any level > 0); 0: they sleep at once\n"
+    "  --poll N                 1..100: idle compute threads spin a while before they\n"
+    "                           sleep; 0: they sleep at once; -1 (default): spin while\n"
+    "                           every expert is resident, sleep with an expert pool\n"
     "  -c, --ctx-size N         context length (default 0: what fits; the model's\n"
     "                           without a budget)\n"
     "  -ctk, --cache-type-k T   KV cache type for K: f32 (default), f16, q8_0\n"
@@ -138,7 +139,7 @@ struct Args {
   float repeat_penalty = 1.0f;
   int64_t seed = -1;
   int64_t threads = 0;
-  int64_t poll = 50;
+  int64_t poll = -1;
   int64_t ctx_size = 0;
   int64_t memory_budget_mb = 0;
   int64_t expert_pool_mb = 0;
@@ -229,8 +230,8 @@ std::string ParseArgs(int argc, char** argv, Args* args, bool* help) {
     } else if (arg == "-t" || arg == "--threads") {
       error = int_flag(&args->threads, 0);
     } else if (arg == "--poll") {
-      error = int_flag(&args->poll, 0);
-      if (error.empty() && args->poll > 100) error = bad("a level 0..100");
+      error = int_flag(&args->poll, -1);
+      if (error.empty() && (args->poll < -1 || args->poll > 100)) error = bad("a level -1..100");
     } else if (arg == "-c" || arg == "--ctx-size") {
       error = int_flag(&args->ctx_size, 0);
     } else if (arg == "--memory-budget-mb") {

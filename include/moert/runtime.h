@@ -92,9 +92,10 @@ enum class Backend {
 struct RuntimeOptions {
   int threads = 0;         // compute threads; 0: one per online CPU
   // How idle compute threads wait for the next parallel section, as llama.cpp's --poll:
-  // > 0 (default 50) they spin a while before sleeping (faster decode); 0 they sleep
-  // at once (frees the cores between sections, e.g. for an app sharing them).
-  int poll = 50;
+  // 1..100 they spin a while before sleeping (faster decode); 0 they sleep at once
+  // (frees the cores between sections, e.g. for an app sharing them); -1 (default):
+  // spin while every expert is resident, sleep when an expert pool streams experts.
+  int poll = -1;
   // KV cache positions of a session (SessionOptions may give its own); 0: what fits:
   // the model's training context or, with a memory budget, the most whose KV cache fits
   // in half of what the weights and scratch leave, the expert pool keeping at least its

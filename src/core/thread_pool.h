@@ -30,8 +30,9 @@ class ThreadPool {
   // Whether the workers, once a ParallelFor is done, spin for a while (pthreadpool's
   // bounded spin-wait) before they sleep, so that the next one starts without a futex
   // wake-up each (default), or sleep at once, which frees the cores between parallel
-  // sections. A decode step runs hundreds of short ones: spinning was 9-14% faster
-  // on a 2-core machine (docs/performance.md).
+  // sections. A fully resident decode step runs hundreds of short ones: spinning was
+  // 10-16% faster on a 2-core machine, and 9% slower with an expert pool, whose loader
+  // threads need the cores (docs/performance.md; ModelLoadOptions::poll picks).
   void set_poll(bool poll) { poll_ = poll; }
   bool poll() const { return poll_; }
 

@@ -230,7 +230,6 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
     MOERT_ASSIGN_OR_RETURN(kernels::KernelConfig config, kernels::KernelConfigFor(*options.isa));
     pool_.set_kernels(config);
   }
-  pool_.set_poll(options.poll > 0);
   ffn_input_observer_ = options.ffn_input_observer;
   registry_ = telemetry::RegistryOrOwn(options.metrics);
   kv_types_ = {options.kv_type_k, options.kv_type_v};
@@ -308,6 +307,9 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   }
   monitor_ = std::make_unique<router::ResourceMonitor>(options.resource_monitor);
   if (expert_cache_ != nullptr) monitor_->set_pool_capacity(expert_cache_->stats().capacity_experts);
+  // Auto: poll with the experts resident; with a pool the loader's threads need the
+  // cores while a step waits for a load, and spinning workers would hold one.
+  pool_.set_poll(options.poll > 0 || (options.poll < 0 && expert_cache_ == nullptr));
   router_ = std::make_unique<router::Router>(pool_.kernels(), options.router,
                                              static_cast<int>(spec_.n_layer),
                                              static_cast<int>(spec_.n_expert), monitor_.get(),

@@ -17,9 +17,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const format::GgufFile& file,
     return absl::InvalidArgumentError(
         StrCat("thread count ", options.threads, " is negative (0 means one per core)"));
   }
-  if (options.poll < 0 || options.poll > 100) {
-    return absl::InvalidArgumentError(
-        StrCat("poll level ", options.poll, " is outside 0..100 (0: idle threads sleep at once)"));
+  if (options.poll < -1 || options.poll > 100) {
+    return absl::InvalidArgumentError(StrCat("poll level ", options.poll,
+                                             " is outside -1..100 (-1: auto, 0: idle threads "
+                                             "sleep at once)"));
   }
   MOERT_ASSIGN_OR_RETURN(format::ModelSpec spec, format::ReadModelSpec(file));
   if (spec.rope_scaling == format::RopeScaling::kYarn && spec.rope_scaling_factor != 1.0f) {

@@ -92,10 +92,12 @@ struct ModelLoadOptions {
   // negative: InvalidArgument. Results do not depend on it, bit for bit.
   int threads = 1;
   // How idle compute threads wait for the next parallel section (llama.cpp's --poll):
-  // > 0 (default 50): they spin a while first (pthreadpool's fixed spin; the level is
-  // not graded further), 0: they sleep at once, freeing the cores between sections at
-  // some speed (core::ThreadPool::set_poll). Results do not depend on it.
-  int poll = 50;
+  // 1..100: they spin a while first (pthreadpool's fixed spin; the level is not graded
+  // further), 0: they sleep at once, freeing the cores between sections, -1 (default):
+  // spin while every expert is resident, sleep when an expert pool streams experts (the
+  // loader's threads need the cores while a step waits for a load). See
+  // core::ThreadPool::set_poll; results do not depend on it.
+  int poll = -1;
   // Quantized tensors (Q4_0, Q4_1, Q4_K, Q8_0, Q5_*, Q6_K, ...) run on the integer
   // microkernels (repacked at load into W4/W4M/W8, activations quantized to int8 per
   // 32-block); F32/F16/BF16 tensors, norms, routers and embeddings stay fp32. false:

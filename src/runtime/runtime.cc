@@ -381,9 +381,9 @@ Status CheckOptions(RuntimeOptions* options) {
     return Status(StatusCode::kInvalidArgument,
                   StrCat("threads must be >= 0 (0: one per CPU), got ", options->threads));
   }
-  if (options->poll < 0 || options->poll > 100) {
+  if (options->poll < -1 || options->poll > 100) {
     return Status(StatusCode::kInvalidArgument,
-                  StrCat("poll must be 0..100 (0: idle threads sleep at once), got ",
+                  StrCat("poll must be -1..100 (-1: auto, 0: idle threads sleep at once), got ",
                          options->poll));
   }
   if (options->context_length < 0) {

@@ -520,7 +520,7 @@ TEST(RuntimeErrorsTest, BadOptions) {
   RuntimeOptions options;
   options.threads = -1;
   EXPECT_EQ(MoERuntime::Create(options, &runtime).code(), StatusCode::kInvalidArgument);
-  for (int poll : {-1, 101}) {
+  for (int poll : {-2, 101}) {
     options = {};
     options.poll = poll;
     const Status bad_poll = MoERuntime::Create(options, &runtime);
