@@ -248,8 +248,14 @@ absl::Status PackRows(GgmlType type, std::span<const uint8_t> src, int64_t rows,
     return PruneW4ToW4S24(w4, rows, cols, {}, dst);
   }
 
-  std::fill(dst.begin(), dst.end(), uint8_t{0});  // padding rows: zero scales and values
   const int64_t kb = cols / kQk;
+  // Padding rows of a last tile of fewer than 8: zero scales and values. A real row's
+  // share of every block is written in full below, so the rest of dst (an expert pool's
+  // reused block, holding another expert's bytes) need not be cleared first.
+  if (rows % kNr != 0) {
+    const size_t tile_bytes = static_cast<size_t>(kb) * BlockBytes(target);
+    std::fill(dst.end() - static_cast<std::ptrdiff_t>(tile_bytes), dst.end(), uint8_t{0});
+  }
   const GgmlType legacy = LegacyTypeOf(target);
   const size_t src_row = static_cast<size_t>(*row_bytes);
   if (type == legacy) {

@@ -264,6 +264,32 @@ TEST(Packing, TileLayoutMatchesUkernelStructs) {
 
 // Other sources are dequantized and quantized like llama.cpp's reference quantizers:
 // the result is what packing that quantizer's output losslessly gives.
+// PackRows writes every byte of its destination: packing into a buffer full of other
+// bytes (an expert pool's reused block) gives what packing into zeros gives.
+TEST(Packing, WritesEveryByteOfTheDestination) {
+  const int64_t cols = 96;
+  struct Case {
+    GgmlType source;
+    WeightFormat target;
+  };
+  for (const Case& c :
+       {Case{GgmlType::kQ4_0, WeightFormat::kW4}, Case{GgmlType::kQ4_1, WeightFormat::kW4M},
+        Case{GgmlType::kQ8_0, WeightFormat::kW8}, Case{GgmlType::kF32, WeightFormat::kW4},
+        Case{GgmlType::kQ4_K, WeightFormat::kW4M}, Case{GgmlType::kQ4_0, WeightFormat::kW4S24}}) {
+    for (int64_t rows : {8, 16, 5, 13}) {
+      const int64_t k = c.source == GgmlType::kQ4_K ? 256 : cols;
+      SCOPED_TRACE(std::string(format::GgmlTypeName(c.source)) + " -> " +
+                   std::string(WeightFormatName(c.target)) + ", rows " + std::to_string(rows));
+      const std::vector<uint8_t> src = QuantizeAs(c.source, RandomWeights(rows * k, 5));
+      std::vector<uint8_t> zeros(PackedBytes(c.target, rows, k), 0x00);
+      std::vector<uint8_t> stale(zeros.size(), 0xA5);
+      ASSERT_TRUE(PackRows(c.source, src, rows, k, c.target, zeros).ok());
+      ASSERT_TRUE(PackRows(c.source, src, rows, k, c.target, stale).ok());
+      EXPECT_EQ(zeros, stale);
+    }
+  }
+}
+
 TEST(Packing, RequantizesLikeTheReferenceQuantizers) {
   const int64_t rows = 9, cols = 256;
   const std::vector<float> w = RandomWeights(rows * cols, 11);
