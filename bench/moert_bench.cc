@@ -104,6 +104,8 @@ struct Params {
   std::vector<bool> prefetch = {false};
   int prefetch_depth = 1;
   int io_threads = 2;  // experts::LoaderOptions::io_threads
+  int read_chunk_kib = 256;  // experts::LoaderOptions::read_chunk_bytes / 1024
+  int read_queue_depth = 8;  // experts::LoaderOptions::read_queue_depth
   int prefetch_protect = 2;  // ExpertCacheOptions::prefetch_protect_steps
   moert::model::Backend backend = moert::model::Backend::kCpu;
   moert::model::PooledExperts pooled_experts = moert::model::PooledExperts::kDevice;
@@ -207,7 +209,7 @@ const std::vector<Flag>& Flags() {
        IntSetter(&Params::threads, 0, 1024, "a number of threads")},
       {"", "--poll", "N",
        "1..100: idle compute threads spin a while before\nthey sleep; 0: they sleep at once; -1 (default):\nspin while every expert is resident, sleep with\nan expert pool",
-       IntSetter(&Params::poll, -1, 100, "a level -1..100")},
+       IntSetter(&Params::poll, -1, 100, "a level")},
       {"-o", "--output", "FORMAT", "json or md (default md)",
        [](std::string_view v, Params& p) -> std::optional<std::string> {
          if (v == "json") {
@@ -463,6 +465,12 @@ const std::vector<Flag>& Flags() {
       {"", "--io-threads", "N",
        "expert loader threads: loads read at once, each\nwith its own staging buffer (default 2)",
        IntSetter(&Params::io_threads, 1, 16, "threads")},
+      {"", "--read-chunk-kib", "N",
+       "expert reads are split into requests of N KiB\n(default 256; O_DIRECT rounds to 4 KiB)",
+       IntSetter(&Params::read_chunk_kib, 4, 1 << 20, "KiB")},
+      {"", "--read-queue-depth", "N",
+       "expert read requests in flight per loader thread\n(default 8)",
+       IntSetter(&Params::read_queue_depth, 1, 256, "requests")},
       {"", "--prefetch-protect", "N",
        "prefetch never evicts experts used in the last N\nsteps (default 2, the lazy window)",
        IntSetter(&Params::prefetch_protect, 0, 1 << 16, "steps")},
@@ -1333,6 +1341,8 @@ int Run(const Params& p) {
     options.prefetch_depth = p.prefetch_depth;
     options.expert_cache.prefetch_protect_steps = p.prefetch_protect;
     options.expert_cache.loader.io_threads = static_cast<unsigned>(p.io_threads);
+    options.expert_cache.loader.read_chunk_bytes = static_cast<uint64_t>(p.read_chunk_kib) << 10;
+    options.expert_cache.loader.read_queue_depth = static_cast<unsigned>(p.read_queue_depth);
     options.backend = p.backend;
     options.opencl_pooled_experts = p.pooled_experts;
     options.opencl_kv_half = p.kv_half;
