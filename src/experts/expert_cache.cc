@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "telemetry/platform.h"
@@ -116,11 +117,7 @@ void ExpertCache::Evict(size_t index, bool keep_pages) {
     ++counters_.prefetch_unused;
     entry.prefetched = false;
   }
-  if (keep_pages) {
-    pool_->FreeExpertKeepPages(entry.offset);
-  } else {
-    pool_->FreeExpert(entry.offset);
-  }
+  pool_->FreeExpert(entry.offset, keep_pages);
   by_offset_.erase(entry.offset);
   entry.resident = false;
   const size_t n = static_cast<size_t>(directory_.n_expert());
@@ -227,13 +224,8 @@ std::optional<memory::Block> ExpertCache::AllocateNextToPartner(const ExpertInfo
 }
 
 absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info, bool wait) {
-  absl::StatusOr<memory::Block> block = AllocateBlockFromWarm(info, wait);
-  pool_->ReleaseWarmExperts();  // the victims' blocks that were not reused
-  return block;
-}
-
-absl::StatusOr<memory::Block> ExpertCache::AllocateBlockFromWarm(const ExpertInfo& info,
-                                                                 bool wait) {
+  // The victims' blocks that were not reused go back on the way out.
+  const auto release_warm = absl::MakeCleanup([this] { pool_->ReleaseWarmExperts(); });
   const uint64_t need = BlockBytes(info.runtime_bytes, options_.min_block_bytes);
   while (true) {
     const memory::BuddyStats now = pool_->expert_allocator().stats();
@@ -384,6 +376,8 @@ ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
   }
   const ExpertInfo& info = directory_.info(layer, expert);
   absl::StatusOr<memory::Block> block;
+  // The victims' blocks that were not reused go back on the way out.
+  const auto release_warm = absl::MakeCleanup([this] { pool_->ReleaseWarmExperts(); });
   while (true) {
     if (std::optional<memory::Block> near = AllocateNextToPartner(info)) {
       block = *near;
@@ -393,12 +387,10 @@ ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
     if (block.ok()) break;
     if (!absl::IsResourceExhausted(block.status()) ||
         !EvictOneForPrefetch(/*keep_pages=*/true)) {
-      pool_->ReleaseWarmExperts();
       ++counters_.prefetch_backoffs;
       return PrefetchResult::kBackedOff;
     }
   }
-  pool_->ReleaseWarmExperts();  // the victims' blocks that were not reused
   pool_->PinExpert(block->offset);
   entry.loading = true;
   entry.offset = block->offset;

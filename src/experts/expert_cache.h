@@ -309,8 +309,7 @@ class ExpertCache {
   // that a block that is a victim's own is reused without new page faults.
   // wait: when nothing can be evicted, wait for the prefetches in flight (else fail).
   absl::StatusOr<memory::Block> AllocateBlock(const ExpertInfo& info, bool wait = true);
-  absl::StatusOr<memory::Block> AllocateBlockFromWarm(const ExpertInfo& info, bool wait);
-  // keep_pages: the victim's block stays warm (TieredPool::FreeExpertKeepPages).
+  // keep_pages: the victim's block stays warm (TieredPool::FreeExpert).
   bool EvictOne(bool keep_pages = false);
   // Evicts one expert Prefetch may take (see the class comment); false: none.
   bool EvictOneForPrefetch(bool keep_pages = false);

@@ -216,19 +216,15 @@ absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block) {
   return block;
 }
 
-void TieredPool::FreeExpert(uint64_t offset) {
+void TieredPool::FreeExpert(uint64_t offset, bool keep_pages) {
   const uint64_t size = experts_.BlockSize(offset);
   experts_.Free(offset);  // reports a bad offset
   if (size == 0) return;
-  Decommit(expert_base_ + offset, size, Tier::kExpert);
-  SubUsed(Tier::kExpert, size);
-}
-
-void TieredPool::FreeExpertKeepPages(uint64_t offset) {
-  const uint64_t size = experts_.BlockSize(offset);
-  experts_.Free(offset);  // reports a bad offset
-  if (size == 0) return;
-  warm_.emplace_back(offset, size);
+  if (keep_pages) {
+    warm_.emplace_back(offset, size);
+  } else {
+    Decommit(expert_base_ + offset, size, Tier::kExpert);
+  }
   SubUsed(Tier::kExpert, size);
 }
 

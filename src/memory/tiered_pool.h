@@ -68,15 +68,15 @@ class TieredPool {
   // The block at `offset` (BuddyAllocator::AllocateAt): placement chosen by the caller, such
   // as next to the block of an expert used together with this one (memory/co_placement.h).
   absl::StatusOr<Block> AllocateExpertAt(uint64_t offset, uint64_t bytes);
-  void FreeExpert(uint64_t offset);  // programmer errors as BuddyAllocator::Free
-  // FreeExpert that leaves the block's pages committed and resident ("warm"): the next
-  // allocation of exactly this block takes them as they are, without the page faults
-  // and kernel zeroing of fresh pages, and holds the freed expert's bytes, not zeros.
-  // An allocation or move that overlaps a warm block otherwise gives its pages back
-  // first; ReleaseWarmExperts gives back every warm block not reused. The expert cache
-  // frees its victims this way while it makes room for a load, which in a full pool of
-  // same-size experts is the victim's own block.
-  void FreeExpertKeepPages(uint64_t offset);
+  // Frees the block and gives its pages back. keep_pages: they stay committed and
+  // resident ("warm") instead, and the next allocation of exactly this block takes them
+  // as they are, without the page faults and kernel zeroing of fresh pages, holding the
+  // freed expert's bytes, not zeros. An allocation or move that overlaps a warm block
+  // otherwise gives its pages back first; ReleaseWarmExperts gives back every warm block
+  // not reused. The expert cache frees its victims this way while it makes room for a
+  // load, which in a full pool of same-size experts is the victim's own block.
+  // Programmer errors as BuddyAllocator::Free.
+  void FreeExpert(uint64_t offset, bool keep_pages = false);
   void ReleaseWarmExperts();
   uint64_t warm_expert_bytes() const;
   uint8_t* ExpertData(uint64_t offset) const { return expert_base_ + offset; }

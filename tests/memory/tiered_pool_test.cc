@@ -84,7 +84,7 @@ TEST(TieredPoolTest, ReservesWithoutCommitting) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->ExpertData(0)) % (64 * kKiB), 0u);
 }
 
-// FreeExpertKeepPages: the block's pages stay committed and resident, and the next
+// FreeExpert(keep_pages): the block's pages stay committed and resident, and the next
 // allocation of exactly that block takes them with the old bytes; what is not reused
 // goes back with ReleaseWarmExperts, or when an allocation overlaps it.
 TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
@@ -94,7 +94,7 @@ TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
   ASSERT_TRUE(block.ok()) << block.status();
   uint8_t* data = pool->ExpertData(block->offset);
   std::memset(data, 0xab, block->size);
-  pool->FreeExpertKeepPages(block->offset);
+  pool->FreeExpert(block->offset, /*keep_pages=*/true);
   EXPECT_EQ(pool->stats(Tier::kExpert).used, 0u);
   EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);  // still there
   EXPECT_EQ(pool->warm_expert_bytes(), 4 * kMiB);
@@ -110,7 +110,7 @@ TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
   EXPECT_RESIDENT(data, block->size, block->size / kPage);
 
   // Not reused: given back.
-  pool->FreeExpertKeepPages(again->offset);
+  pool->FreeExpert(again->offset, /*keep_pages=*/true);
   pool->ReleaseWarmExperts();
   EXPECT_EQ(pool->warm_expert_bytes(), 0u);
   EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
@@ -122,8 +122,8 @@ TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
   ASSERT_TRUE(a.ok() && b.ok());
   std::memset(pool->ExpertData(a->offset), 0xcd, 4 * kMiB);
   std::memset(pool->ExpertData(b->offset), 0xcd, 4 * kMiB);
-  pool->FreeExpertKeepPages(a->offset);
-  pool->FreeExpertKeepPages(b->offset);
+  pool->FreeExpert(a->offset, /*keep_pages=*/true);
+  pool->FreeExpert(b->offset, /*keep_pages=*/true);
   auto big = pool->AllocateExpert(8 * kMiB);
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_EQ(pool->warm_expert_bytes(), 0u);
