@@ -32,7 +32,23 @@
 // (g++ -O2 does not unroll them by itself).
 #define MOERT_AVX2_UNROLL _Pragma("GCC unroll 8")
 
+// This header is compiled once per x86 kernel ISA (-mavx2, -mavxvnni, -mavx512vnni,
+// -mavx512vbmi; vnni-qgemm.h builds on it). An inline namespace per ISA gives each build
+// its own names for what it defines, inline functions and template instantiations alike:
+// with one name the linker would keep one ISA's copy of such a weak symbol for every
+// caller, and a CPU without that ISA would fault (kernels.isa_symbols checks it).
+#if defined(__AVX512VBMI__)
+#define MOERT_X86_ISA_NAMESPACE isa_avx512vbmi
+#elif defined(__AVX512VNNI__)
+#define MOERT_X86_ISA_NAMESPACE isa_avx512vnni
+#elif defined(__AVXVNNI__)
+#define MOERT_X86_ISA_NAMESPACE isa_avxvnni
+#else
+#define MOERT_X86_ISA_NAMESPACE isa_avx2
+#endif
+
 namespace moert::kernels::avx2 {
+inline namespace MOERT_X86_ISA_NAMESPACE {
 
 // 8 fp16 values at `p`, reordered so lane l holds element order[l], widened exactly.
 MOERT_AVX2_INLINE __m256 LoadHalfs(const uint16_t* p, __m128i order) {
@@ -410,6 +426,7 @@ void QGemm4(size_t m, size_t nc, size_t kb, const moert_a8_block* a, size_t a_st
   }
 }
 
+}  // inline namespace MOERT_X86_ISA_NAMESPACE
 }  // namespace moert::kernels::avx2
 
 #endif  // MOERT_KERNELS_AVX2_QGEMM_H_

@@ -16,6 +16,14 @@
 #include "kernels/ukernel.h"
 
 namespace moert::kernels::neon {
+// Compiled for NEON dotprod and for i8mm (their kernel files' -march): an inline
+// namespace per build keeps each one's inline functions and template instantiations
+// apart, so the linker cannot give i8mm code to a dotprod-only CPU (kernels.isa_symbols).
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+inline namespace isa_neoni8mm {
+#else
+inline namespace isa_neondot {
+#endif
 
 // Totals of 4 rows whose dot products are spread over 4 lanes each: lane r of the
 // result is row r's sum (integer adds, so any order is exact).
@@ -182,6 +190,7 @@ class W4S24Unpacker {
   uint8x16_t base_;
 };
 
+}  // inline namespace isa_neondot / isa_neoni8mm
 }  // namespace moert::kernels::neon
 
 #endif  // MOERT_KERNELS_NEON_QGEMM_H_

@@ -22,17 +22,13 @@
 #endif
 
 namespace moert::kernels::vnni {
-// The same format names are compiled twice, with -mavxvnni (VEX) and with -mavx512vnni
-// (EVEX), and the tile loop templates over them are instantiated in both: were the types
-// the same, the linker would keep one of the two instantiations (they are weak symbols
-// of one name) and the AVX512-VNNI kernels could run AVX-VNNI's VEX vpdpbusd, which a
-// CPU with AVX512-VNNI alone (Zen 4, Ice Lake) faults on. An inline namespace per
-// encoding gives each its own names (tests/kernels/check-isa-symbols.sh checks it).
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-inline namespace evex {
-#else
-inline namespace vex {
-#endif
+// The same format names are compiled for AVX-VNNI (VEX), AVX512-VNNI and AVX512-VBMI
+// (EVEX), and the tile loop templates over them are instantiated in each: were the names
+// the same, the linker would keep one of the instantiations (weak symbols of one name),
+// and the AVX512-VNNI kernels once ran AVX-VNNI's VEX vpdpbusd, which a CPU with
+// AVX512-VNNI alone (Zen 4, Ice Lake) faults on. avx2-qgemm.h's inline namespace per ISA
+// gives each build its own names (tests/kernels/check-isa-symbols.sh checks it).
+inline namespace MOERT_X86_ISA_NAMESPACE {
 
 // acc + the dot products of 4 unsigned bytes of u with 4 signed bytes of s, per int32 lane.
 MOERT_AVX2_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) {
@@ -390,7 +386,7 @@ struct W4S24Vbmi {
 
 #endif  // AVX512F && AVX512BW && AVX512VNNI
 
-}  // inline namespace evex / vex
+}  // inline namespace MOERT_X86_ISA_NAMESPACE
 }  // namespace moert::kernels::vnni
 
 #endif  // MOERT_KERNELS_VNNI_QGEMM_H_

@@ -15,6 +15,7 @@ clashes=$("$nm_tool" -A -C --defined-only "$archive" | awk '
     n = split($1, where, ":"); obj = where[n - 1]; type = $2
     if (type != "W" && type != "V") next
     sym = $3; for (i = 4; i <= NF; ++i) sym = sym " " $i
+    if (sym ~ /^DW\.ref\./) next  # data: the address of the C++ personality routine
     isa = "baseline"
     if (match(obj, /-(avx2|avxvnni|avx512vnni|avx512vbmi|neondot|neoni8mm|sme2)\.cc\.o$/))
       isa = substr(obj, RSTART + 1, RLENGTH - 6)
