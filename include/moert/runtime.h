@@ -94,7 +94,8 @@ struct RuntimeOptions {
   // How idle compute threads wait for the next parallel section, as llama.cpp's --poll:
   // 1..100 they spin a while before sleeping (faster decode); 0 they sleep at once
   // (frees the cores between sections, e.g. for an app sharing them); -1 (default):
-  // spin while every expert is resident, sleep when an expert pool streams experts.
+  // spin on the CPU with every expert resident, sleep when an expert pool streams
+  // experts or a GPU backend runs the model.
   int poll = -1;
   // KV cache positions of a session (SessionOptions may give its own); 0: what fits:
   // the model's training context or, with a memory budget, the most whose KV cache fits

@@ -284,6 +284,11 @@ absl::Status DecoderModel::LoadWeights(const format::GgufFile& file,
       }
     }
   }
+  // Auto polls on the CPU with every expert resident. With a pool the loader's threads
+  // need the cores while a step waits for a load, and with a device its driver's (an
+  // OpenCL device may be the CPU itself): spinning workers would hold one.
+  pool_.set_poll(options.poll > 0 || (options.poll < 0 && expert_cache_ == nullptr &&
+                                      options.backend == Backend::kCpu));
   MOERT_RETURN_IF_ERROR(SetUpRouter(file, options));
   MOERT_RETURN_IF_ERROR(SetPrefetch(options.prefetch, options.prefetch_depth));
   MOERT_RETURN_IF_ERROR(SetUpBackend(options));
@@ -307,9 +312,6 @@ absl::Status DecoderModel::SetUpRouter(const format::GgufFile& file,
   }
   monitor_ = std::make_unique<router::ResourceMonitor>(options.resource_monitor);
   if (expert_cache_ != nullptr) monitor_->set_pool_capacity(expert_cache_->stats().capacity_experts);
-  // Auto: poll with the experts resident; with a pool the loader's threads need the
-  // cores while a step waits for a load, and spinning workers would hold one.
-  pool_.set_poll(options.poll > 0 || (options.poll < 0 && expert_cache_ == nullptr));
   router_ = std::make_unique<router::Router>(pool_.kernels(), options.router,
                                              static_cast<int>(spec_.n_layer),
                                              static_cast<int>(spec_.n_expert), monitor_.get(),

@@ -94,9 +94,10 @@ struct ModelLoadOptions {
   // How idle compute threads wait for the next parallel section (llama.cpp's --poll):
   // 1..100: they spin a while first (pthreadpool's fixed spin; the level is not graded
   // further), 0: they sleep at once, freeing the cores between sections, -1 (default):
-  // spin while every expert is resident, sleep when an expert pool streams experts (the
-  // loader's threads need the cores while a step waits for a load). See
-  // core::ThreadPool::set_poll; results do not depend on it.
+  // spin on the CPU backend with every expert resident, sleep when an expert pool
+  // streams experts (the loader's threads need the cores while a step waits for a load)
+  // or a device backend runs the step. See core::ThreadPool::set_poll; results do not
+  // depend on it.
   int poll = -1;
   // Quantized tensors (Q4_0, Q4_1, Q4_K, Q8_0, Q5_*, Q6_K, ...) run on the integer
   // microkernels (repacked at load into W4/W4M/W8, activations quantized to int8 per
