@@ -208,7 +208,7 @@ const std::vector<Flag>& Flags() {
       {"-t", "--threads", "N", "compute threads, 0: one per core (default 0)",
        IntSetter(&Params::threads, 0, 1024, "a number of threads")},
       {"", "--poll", "N",
-       "1..100: idle compute threads spin a while before\nthey sleep; 0: they sleep at once; -1 (default):\nspin while every expert is resident, sleep with\nan expert pool",
+       "1..100: idle compute threads spin a while before\nthey sleep; 0: they sleep at once; -1 (default):\nspin on the CPU with every expert resident, else\nsleep",
        IntSetter(&Params::poll, -1, 100, "a level")},
       {"-o", "--output", "FORMAT", "json or md (default md)",
        [](std::string_view v, Params& p) -> std::optional<std::string> {
