@@ -462,8 +462,9 @@ absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info, cons
 }
 
 absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
-                               ReadEngine& engine, std::span<uint8_t>* bytes,
-                               uint64_t* bytes_read) {
+                               ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read,
+                               std::optional<uint64_t>* checksum) {
+  checksum->reset();
   const std::string& path = directory_.path();
   if (fault != nullptr && *fault == LoaderFault::kIoError) {
     return PartIoError(info, info.parts[0], path, EIO);
@@ -504,10 +505,38 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
                         .align = direct ? kDirectAlignment : 1});
     }
   }
+  // The expert's checksum over the chunks in file order, each hashed as soon as it and
+  // every chunk before it are in (ExpertChecksum's chaining: a part's digest seeds the
+  // next part's). A chunk that failed or came back short stops it: that load fails.
+  size_t next_to_hash = 0;
+  int hash_part = 0;
+  bool hash_broken = false;
+  std::vector<bool> finished(chunks.size(), false);
+  XxHash64Stream stream(0);
+  const auto hash_ready_chunks = [&](size_t index) {
+    finished[index] = true;
+    while (!hash_broken && next_to_hash < chunks.size() && finished[next_to_hash]) {
+      const ChunkRead& c = chunks[next_to_hash];
+      if (c.result < 0 || static_cast<uint64_t>(c.result) < c.need) {
+        hash_broken = true;
+        break;
+      }
+      while (hash_part + 1 < kExpertParts && ranges[hash_part + 1].first_chunk <= next_to_hash) {
+        stream = XxHash64Stream(stream.Digest());
+        ++hash_part;
+      }
+      // The part's own bytes in this chunk: [max(offset, at), min(offset + need, end)).
+      const Range& r = ranges[hash_part];
+      const uint64_t from = std::max(c.offset, r.at);
+      const uint64_t to = std::min(c.offset + c.need, r.end);
+      if (to > from) stream.Update({c.buf + (from - c.offset), to - from});
+      ++next_to_hash;
+    }
+  };
   if (direct && fault != nullptr && *fault == LoaderFault::kDirectRefused) {
     for (ChunkRead& c : chunks) c.result = -int64_t{EINVAL};
   } else {
-    const absl::Status ran = engine.Run(chunks);
+    const absl::Status ran = engine.Run(chunks, hash_ready_chunks);
     const bool io_thread_engine =
         std::any_of(engines_.begin(), engines_.end(),
                     [&engine](const std::unique_ptr<ReadEngine>& e) { return e.get() == &engine; });
@@ -525,7 +554,7 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
       SwitchToBuffered(StrCat("an O_DIRECT read was refused (EINVAL) at file offset ",
                               refused->offset,
                               "; buffered reads with posix_fadvise(DONTNEED) instead"));
-      return ReadParts(info, staging, nullptr, engine, bytes, bytes_read);
+      return ReadParts(info, staging, nullptr, engine, bytes, bytes_read, checksum);
     }
   }
   for (const ChunkRead& c : chunks) *bytes_read += c.want;
@@ -563,6 +592,14 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
     bytes[p] = std::span<uint8_t>(
         staging + static_cast<uint64_t>(p) * slot_bytes_ + (r.at - r.begin), part.file_bytes);
   }
+  if (status.ok() && !hash_broken && next_to_hash == chunks.size()) {
+    // Parts with no chunk of their own (empty) still chain.
+    while (hash_part + 1 < kExpertParts) {
+      stream = XxHash64Stream(stream.Digest());
+      ++hash_part;
+    }
+    *checksum = stream.Digest();
+  }
   return status;
 }
 
@@ -582,6 +619,7 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
   const std::optional<LoaderFault> taken = TakeFault(info.layer, info.expert);
   const bool has_fault = taken.has_value();
   const LoaderFault fault = taken.value_or(LoaderFault::kShortRead);
+  std::optional<uint64_t> streamed;  // the checksum ReadParts computed as the bytes came in
   if (mapping_ != nullptr) {  // kMmap
     for (int p = 0; p < kExpertParts; ++p) {
       auto copied = CopyPart(info, info.parts[static_cast<size_t>(p)],
@@ -595,14 +633,16 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
     }
   } else {
     result.status = ReadParts(info, staging, has_fault ? &fault : nullptr, *engine, bytes,
-                              &result.bytes_read);
+                              &result.bytes_read, &streamed);
     if (!result.status.ok()) return result;
   }
   // A bit flipped on its way from the disk, as far as anyone can tell.
   if (has_fault && fault == LoaderFault::kChecksumMismatch && !bytes[0].empty()) {
     bytes[0][bytes[0].size() / 2] ^= 0x10;
+    streamed.reset();  // hashed before the flip
   }
-  result.checksum = ExpertChecksum(bytes[0], bytes[1], bytes[2]);
+  result.checksum =
+      streamed.has_value() ? *streamed : ExpertChecksum(bytes[0], bytes[1], bytes[2]);
   if (job.expected && *job.expected != result.checksum) {
     result.status = absl::DataLossError(absl::StrFormat(
         "%s: checksum mismatch in the bytes of tensors '%s', '%s', '%s' at file offsets %d, "

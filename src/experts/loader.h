@@ -233,9 +233,12 @@ class Loader {
   // kDirect, kBuffered: reads the three parts' file bytes into their staging slots in
   // chunks, all through `engine` at once; `bytes` gets where each part's bytes are.
   // `fault` is the gate part's. Switches to buffered reads for good where O_DIRECT is
-  // refused, and reads again buffered.
+  // refused, and reads again buffered. The checksum is computed as the chunks come in
+  // (in file order, while later chunks are still being read): `checksum` gets it when
+  // every part was read in full.
   absl::Status ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
-                         ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read);
+                         ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read,
+                         std::optional<uint64_t>* checksum);
   void SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
   // Where the next urgent load goes in queue_ (mu_ held).

@@ -58,9 +58,13 @@ class PreadReadEngine final : public ReadEngine {
     for (std::thread& worker : workers_) worker.join();
   }
 
-  absl::Status Run(std::span<ChunkRead> chunks) override {
+  using ReadEngine::Run;
+  absl::Status Run(std::span<ChunkRead> chunks, const ChunkFinished& on_finished) override {
     if (workers_.empty() || chunks.size() <= 1) {
-      for (ChunkRead& chunk : chunks) ReadChunk(chunk);
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        ReadChunk(chunks[i]);
+        if (on_finished) on_finished(i);
+      }
       return absl::OkStatus();
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -75,6 +79,10 @@ class PreadReadEngine final : public ReadEngine {
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     batch_ = {};
     next_ = 0;
+    lock.unlock();
+    if (on_finished) {
+      for (size_t i = 0; i < chunks.size(); ++i) on_finished(i);
+    }
     return absl::OkStatus();
   }
 

@@ -10,7 +10,9 @@
 #ifndef MOERT_EXPERTS_READ_ENGINE_H_
 #define MOERT_EXPERTS_READ_ENGINE_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +41,9 @@ struct ChunkRead {
   int64_t result = 0;
 };
 
+// Called with a chunk's index once its result is final (see ReadEngine::Run).
+using ChunkFinished = std::function<void(size_t index)>;
+
 class ReadEngine {
  public:
   virtual ~ReadEngine() = default;
@@ -47,7 +52,14 @@ class ReadEngine {
   // failed (an io_uring_enter error other than EINTR/EAGAIN/EBUSY): the chunks are then
   // read with preads all the same, the engine is a sequential pread engine from then
   // on, and the status says why.
-  virtual absl::Status Run(std::span<ChunkRead> chunks) = 0;
+  //
+  // `on_finished` (may be empty) is called on the calling thread exactly once per
+  // chunk, after its result is set and its bytes are in, before Run returns: io_uring
+  // and sequential preads call it as each chunk completes, so the caller can work on
+  // early chunks (hash them) while later ones are still being read; the pread pool
+  // calls it for every chunk once the batch is done.
+  virtual absl::Status Run(std::span<ChunkRead> chunks, const ChunkFinished& on_finished) = 0;
+  absl::Status Run(std::span<ChunkRead> chunks) { return Run(chunks, ChunkFinished()); }
   // kUring or kPread (never kAuto).
   virtual IoEngine kind() const = 0;
   virtual unsigned depth() const = 0;

@@ -29,14 +29,21 @@ class UringReadEngine final : public ReadEngine {
     return rc;
   }
 
-  absl::Status Run(std::span<ChunkRead> chunks) override {
+  using ReadEngine::Run;
+  absl::Status Run(std::span<ChunkRead> chunks, const ChunkFinished& on_finished) override {
+    finished_.assign(chunks.size(), false);
     if (broken_) {
-      ReadWithPreads(chunks);
+      ReadWithPreads(chunks, on_finished);
       return absl::OkStatus();
     }
     done_.assign(chunks.size(), 0);
-    size_t next = 0;           // the next chunk never submitted
     size_t finished = 0;       // chunks with their result
+    const auto finish = [&](size_t i) {
+      finished_[i] = true;
+      ++finished;
+      if (on_finished) on_finished(i);
+    };
+    size_t next = 0;           // the next chunk never submitted
     unsigned in_flight = 0;    // sqes prepared and not yet completed
     unsigned unsubmitted = 0;  // of which not yet handed to the kernel
     const auto prepare = [&](size_t i) {
@@ -49,7 +56,7 @@ class UringReadEngine final : public ReadEngine {
             PreadAtLeast(c.fd, c.buf + done_[i], c.want - done_[i],
                          c.need - std::min(c.need, done_[i]), c.offset + done_[i], c.align);
         c.result = rest < 0 ? rest : static_cast<int64_t>(done_[i]) + rest;
-        ++finished;
+        finish(i);
         return;
       }
       io_uring_prep_read(sqe, c.fd, c.buf + done_[i], static_cast<unsigned>(c.want - done_[i]),
@@ -65,7 +72,7 @@ class UringReadEngine final : public ReadEngine {
       if (rc >= 0) {
         unsubmitted -= std::min<unsigned>(unsubmitted, static_cast<unsigned>(rc));
       } else if (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        return Fail(chunks, rc, in_flight - unsubmitted);
+        return Fail(chunks, rc, in_flight - unsubmitted, on_finished);
       }
       io_uring_cqe* cqe = nullptr;
       while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
@@ -78,13 +85,13 @@ class UringReadEngine final : public ReadEngine {
           prepare(i);
         } else if (res < 0) {
           c.result = res;
-          ++finished;
+          finish(i);
         } else {
           done_[i] += static_cast<uint64_t>(res);
           // Complete, or the end of the file.
           if (res == 0 || done_[i] >= c.need || done_[i] % c.align != 0) {
             c.result = static_cast<int64_t>(done_[i]);
-            ++finished;
+            finish(i);
           } else {
             prepare(i);  // a short read: the rest
           }
@@ -100,7 +107,8 @@ class UringReadEngine final : public ReadEngine {
  private:
   // The ring failed: waits for the reads the kernel has, so that none lands in a
   // buffer after Run returns, then reads what is left with preads, now and from now on.
-  absl::Status Fail(std::span<ChunkRead> chunks, int rc, unsigned submitted) {
+  absl::Status Fail(std::span<ChunkRead> chunks, int rc, unsigned submitted,
+                    const ChunkFinished& on_finished) {
     broken_ = true;
     for (unsigned k = 0; k < submitted; ++k) {
       io_uring_cqe* cqe = nullptr;
@@ -109,15 +117,20 @@ class UringReadEngine final : public ReadEngine {
       if (wait != 0) break;
       io_uring_cqe_seen(&ring_, cqe);
     }
-    ReadWithPreads(chunks);
+    ReadWithPreads(chunks, on_finished);
     return absl::UnavailableError(StrCat("io_uring_enter failed (", std::strerror(-rc),
                                          "); reads go through sequential preads instead"));
   }
 
-  // Every chunk, whole (again, where the ring had read some), one pread at a time.
-  static void ReadWithPreads(std::span<ChunkRead> chunks) {
-    for (ChunkRead& c : chunks) {
+  // Every chunk without its result yet, whole (again, where the ring had read some),
+  // one pread at a time.
+  void ReadWithPreads(std::span<ChunkRead> chunks, const ChunkFinished& on_finished) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (finished_[i]) continue;
+      ChunkRead& c = chunks[i];
       c.result = PreadAtLeast(c.fd, c.buf, c.want, c.need, c.offset, c.align);
+      finished_[i] = true;
+      if (on_finished) on_finished(i);
     }
   }
 
@@ -126,6 +139,7 @@ class UringReadEngine final : public ReadEngine {
   bool ready_ = false;
   bool broken_ = false;
   std::vector<uint64_t> done_;  // per chunk of the batch: bytes in so far
+  std::vector<bool> finished_;  // per chunk of the batch: result set (on_finished called)
 };
 
 }  // namespace

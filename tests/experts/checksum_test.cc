@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -33,6 +35,43 @@ TEST(XxHash64, SeedAndEveryByteMatter) {
     data[i] ^= 1;
   }
   EXPECT_EQ(XxHash64(data), h);
+}
+
+TEST(XxHash64Stream, ReferenceValuesFedByteByByte) {
+  const std::string_view text = "Nobody inspects the spammish repetition";
+  XxHash64Stream stream;
+  for (char c : text) stream.Update(Bytes(std::string_view(&c, 1)));
+  EXPECT_EQ(stream.Digest(), 0xFBCEA83C8A378BF1ULL);
+  EXPECT_EQ(XxHash64Stream().Digest(), 0xEF46DB3751D8E999ULL);
+}
+
+// Any split of the bytes gives the one-shot digest: pieces shorter than, equal to and
+// longer than a stripe, landing on and off stripe boundaries, with a seed, and the
+// digest read part-way does not disturb the stream.
+TEST(XxHash64Stream, AnySplitGivesTheOneShotDigest) {
+  std::vector<uint8_t> data(5000);
+  uint32_t x = 12345;
+  for (uint8_t& b : data) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(x >> 16);
+  }
+  for (const size_t piece : {size_t{1}, size_t{7}, size_t{31}, size_t{32}, size_t{33}, size_t{100},
+                             size_t{4096}}) {
+    for (const uint64_t seed : {uint64_t{0}, uint64_t{0x9E3779B97F4A7C15ULL}}) {
+      XxHash64Stream stream(seed);
+      size_t at = 0;
+      for (size_t step = 0; at < data.size(); ++step) {
+        // Alternate the piece with a piece of 3 so the stripe offsets wander.
+        const size_t n = std::min(step % 2 == 0 ? piece : size_t{3}, data.size() - at);
+        stream.Update(std::span<const uint8_t>(data).subspan(at, n));
+        at += n;
+        if (at == 1000 || at == 1001) {
+          EXPECT_EQ(stream.Digest(), XxHash64(std::span<const uint8_t>(data).first(at), seed));
+        }
+      }
+      EXPECT_EQ(stream.Digest(), XxHash64(data, seed)) << "pieces of " << piece;
+    }
+  }
 }
 
 TEST(ExpertChecksum, ChainsThePartsInOrder) {

@@ -373,6 +373,13 @@ TEST_P(LoaderEngineTest, SameBytesAsOnePreadPerPart) {
     EXPECT_EQ(got.blocks[i], want.blocks[i]) << "layer " << layer << ", expert " << expert;
     EXPECT_EQ(got.blocks[i], model_.ExpectedBlock(layer, expert));
     EXPECT_EQ(got.checksums[i], want.checksums[i]);
+    // Hashed chunk by chunk as the reads came in: the checksum of the file's bytes.
+    const ExpertInfo& info = dir_->info(layer, expert);
+    const auto part = [&](int p) {
+      const ExpertPart& x = info.parts[static_cast<size_t>(p)];
+      return model_.file->bytes().subspan(x.file_offset, x.file_bytes);
+    };
+    EXPECT_EQ(got.checksums[i], ExpertChecksum(part(0), part(1), part(2)));
   }
   EXPECT_EQ(loader->stats().bytes_read, reference->stats().bytes_read);
   EXPECT_EQ(loader->stats().failed_loads, 0u);

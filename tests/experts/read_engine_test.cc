@@ -1,6 +1,6 @@
 // The loader's read engines on their own: a batch of many chunk reads at any depth
 // gives each chunk its bytes and its result: whole, short where the file ends, 0 past
-// it, -errno on a bad descriptor; the io_uring engine skips by name where the kernel
+// it, -errno on a bad descriptor, and tells the caller of each as it finishes; the io_uring engine skips by name where the kernel
 // refuses a ring.
 #include "experts/read_engine.h"
 
@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/strings.h"
@@ -70,7 +72,23 @@ TEST_P(ReadEngineTest, EveryChunkGetsItsBytesAndResult) {
     chunks[i].result = 12345;  // overwritten by Run
   }
 
-  ASSERT_TRUE(opened.engine->Run(chunks).ok());
+  // on_finished: once per chunk, on this thread, each time with the chunk's result set
+  // and its bytes in.
+  std::vector<int> calls(chunks.size(), 0);
+  size_t bad_calls = 0;
+  const std::thread::id caller = std::this_thread::get_id();
+  const ChunkFinished on_finished = [&](size_t i) {
+    ASSERT_LT(i, chunks.size());
+    ++calls[i];
+    const ChunkRead& c = chunks[i];
+    const bool bytes_in = c.result <= 0 || c.fd != fd ||
+                          std::memcmp(buffers[i].data(), content.data() + c.offset,
+                                      static_cast<size_t>(c.result)) == 0;
+    if (std::this_thread::get_id() != caller || c.result == 12345 || !bytes_in) ++bad_calls;
+  };
+  ASSERT_TRUE(opened.engine->Run(chunks, on_finished).ok());
+  EXPECT_EQ(bad_calls, 0u);
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), 1), static_cast<std::ptrdiff_t>(chunks.size()));
   for (size_t i = 0; i + 3 < chunks.size(); ++i) {
     const ChunkRead& c = chunks[i];
     ASSERT_EQ(c.result, static_cast<int64_t>(c.want)) << "chunk " << i;
