@@ -285,6 +285,127 @@ struct W4S24x512 {
   }
 };
 
+// --- W4 GEMM over tile pairs (AVX512-VNNI) ----------------------------------------------
+//
+// For two or more activation rows the GEMM takes two 8-row tiles at a time and puts row
+// j of the pair (tile A's rows 0..7, tile B's 8..15) in dword lane j of a register:
+// register t holds each row's 4 weight bytes of step t (t < 4: the low nibbles of qs
+// bytes 4t..4t+3, columns 4t..4t+3; t >= 4: the high nibbles of bytes 4(t-4).., columns
+// 16 + 4(t-4)..), so one vpdpbusd against activation dword t broadcast to every lane
+// adds 4 products to all 16 rows' sums, and a block's row sums come out in row order
+// with no horizontal reduction. The rearrangement (4 vpermt2d, 4 vshufi64x2 and the
+// nibble masks) is made once per block pair and serves every activation row. Each
+// row's block sum is exact in int32 and then scaled and added as W4x512 and the scalar
+// kernel do, so the outputs are bit for bit the same.
+struct W4PairSteps {
+  __m512i step[8];
+  __m512 d;  // the 16 rows' scales
+};
+
+MOERT_AVX2_INLINE W4PairSteps PrepareW4Pair(const moert_w4_block& ta, const moert_w4_block& tb) {
+  // Dword lanes 0..7: dword 4j + s of (rows 0..3 | rows 4..7) = row j's bytes 4s..4s+3,
+  // for s = 0 (lanes 0..7) and s = 1 (lanes 8..15); the second index s = 2, 3.
+  const __m512i idx01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(2));
+  const __m512i a0 = _mm512_loadu_si512(ta.qs[0]);
+  const __m512i a1 = _mm512_loadu_si512(ta.qs[4]);
+  const __m512i b0 = _mm512_loadu_si512(tb.qs[0]);
+  const __m512i b1 = _mm512_loadu_si512(tb.qs[4]);
+  const __m512i a01 = _mm512_permutex2var_epi32(a0, idx01, a1);
+  const __m512i a23 = _mm512_permutex2var_epi32(a0, idx23, a1);
+  const __m512i b01 = _mm512_permutex2var_epi32(b0, idx01, b1);
+  const __m512i b23 = _mm512_permutex2var_epi32(b0, idx23, b1);
+  // [A s, B s]: 128-bit lanes 0, 1 (s even) or 2, 3 (s odd) of each.
+  const __m512i raw[4] = {_mm512_shuffle_i64x2(a01, b01, 0x44), _mm512_shuffle_i64x2(a01, b01, 0xEE),
+                          _mm512_shuffle_i64x2(a23, b23, 0x44), _mm512_shuffle_i64x2(a23, b23, 0xEE)};
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  W4PairSteps w;
+  MOERT_AVX2_UNROLL
+  for (int s = 0; s < 4; ++s) {
+    w.step[s] = _mm512_and_si512(raw[s], mask);
+    w.step[s + 4] = _mm512_and_si512(_mm512_srli_epi16(raw[s], 4), mask);
+  }
+  const __m256i halfs = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta.d))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.d)), 1);
+  w.d = _mm512_cvtph_ps(halfs);
+  return w;
+}
+
+// acc + (float)(sum (q - 8) * a) * (d * a.d), per row of the pair (W4x512's steps).
+MOERT_AVX2_INLINE __m512 AccumulateW4Pair(__m512 acc, const W4PairSteps& w,
+                                          const moert_a8_block& a) {
+  // Activation dword t in every lane, loaded as a float so that it is a broadcast from
+  // memory (an integer set1 goes through a general register).
+  const auto dword = [&a](int t) {
+    float f;
+    std::memcpy(&f, a.qs + 4 * t, sizeof(f));
+    return _mm512_castps_si512(_mm512_set1_ps(f));
+  };
+  // The offset -8 * a.s rides in the first sum's start value (exact int32 either way).
+  __m512i even = _mm512_set1_epi32(-8 * a.s);
+  __m512i odd = _mm512_setzero_si512();
+  MOERT_AVX2_UNROLL
+  for (int t = 0; t < 8; t += 2) {
+    even = _mm512_dpbusd_epi32(even, w.step[t], dword(t));
+    odd = _mm512_dpbusd_epi32(odd, w.step[t + 1], dword(t + 1));
+  }
+  const __m512i isum = _mm512_add_epi32(even, odd);
+  const __m512 scale = _mm512_mul_ps(w.d, _mm512_set1_ps(a.d));
+  return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale));
+}
+
+// M activation rows (2 <= M <= 4) against the tile pairs of the first 16 * pairs rows.
+template <size_t M>
+MOERT_AVX2_INLINE void QGemmW4Pairs(size_t pairs, size_t kb, const moert_a8_block* a,
+                                    size_t a_stride, const moert_w4_block* tile, float* c,
+                                    size_t c_stride) {
+  const moert_a8_block* a_row[M];
+  MOERT_AVX2_UNROLL
+  for (size_t i = 0; i < M; ++i) {
+    a_row[i] =
+        reinterpret_cast<const moert_a8_block*>(reinterpret_cast<const char*>(a) + i * a_stride);
+  }
+  for (size_t p = 0; p < pairs; ++p, tile += 2 * kb) {
+    __m512 acc[M];
+    MOERT_AVX2_UNROLL
+    for (size_t i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+    for (size_t b = 0; b < kb; ++b) {
+      const W4PairSteps w = PrepareW4Pair(tile[b], tile[kb + b]);
+      MOERT_AVX2_UNROLL
+      for (size_t i = 0; i < M; ++i) acc[i] = AccumulateW4Pair(acc[i], w, a_row[i][b]);
+    }
+    MOERT_AVX2_UNROLL
+    for (size_t i = 0; i < M; ++i) _mm512_storeu_ps(c + i * c_stride + 16 * p, acc[i]);
+  }
+}
+
+// The q4 GEMM (1 <= m <= 4): tile pairs as above for m >= 2, then the rows left (an odd
+// tile, a short last tile) and m == 1 by W4x512.
+inline void QGemmW4(size_t m, size_t nc, size_t kb, const moert_a8_block* a, size_t a_stride,
+                    const void* w, float* c, size_t c_stride) {
+  const size_t pairs = m >= 2 ? nc / (2 * MOERT_NR) : 0;
+  const auto* tile = static_cast<const moert_w4_block*>(w);
+  switch (m) {
+    case 1:
+      break;
+    case 2:
+      QGemmW4Pairs<2>(pairs, kb, a, a_stride, tile, c, c_stride);
+      break;
+    case 3:
+      QGemmW4Pairs<3>(pairs, kb, a, a_stride, tile, c, c_stride);
+      break;
+    default:
+      QGemmW4Pairs<4>(pairs, kb, a, a_stride, tile, c, c_stride);
+      break;
+  }
+  const size_t done = 2 * MOERT_NR * pairs;
+  if (done < nc) {
+    avx2::QGemm4<W4x512>(m, nc - done, kb, a, a_stride, tile + 2 * pairs * kb, c + done,
+                         c_stride);
+  }
+}
+
 #if defined(__AVX512VBMI__)
 
 // --- W4S24 with AVX512-VBMI byte permutes ------------------------------------------------

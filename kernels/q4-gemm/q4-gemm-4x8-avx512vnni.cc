@@ -4,6 +4,5 @@
 #include "kernels/vnni-qgemm.h"
 
 MOERT_DECLARE_QGEMM(moert_q4_gemm_ukernel_4x8__avx512vnni) {
-  moert::kernels::avx2::QGemm4<moert::kernels::vnni::W4x512>(m, nc, kb, a, a_stride, w, c,
-                                                             c_stride);
+  moert::kernels::vnni::QGemmW4(m, nc, kb, a, a_stride, w, c, c_stride);
 }
