@@ -381,6 +381,52 @@ TEST(CpuTypedAttentionTest, IsAttentionOverTheWidenedCachesBitForBit) {
   }
 }
 
+// A prefill's queries (scored as an f32 GEMM over a copy of the keys, blocks of
+// queries per task) get exactly the outputs that decoding them one at a time gives
+// (scored in place, four keys at a time), for every cache type pair and thread count:
+// more queries than a block, value widths that are and are not whole chunks of 32.
+TEST(CpuTypedAttentionTest, PrefillIsTokenByTokenDecodeBitForBit) {
+  cpu::CpuBackend one(1), three(3);
+  const Shape shapes[] = {
+      {4, 2, 48, 48, 5, 37},   // GQA, three query blocks after a cache, dv = 32 + 16
+      {2, 2, 64, 64, 0, 20},   // MHA from position 0, dv a multiple of 32
+      {4, 1, 32, 96, 3, 2},    // MQA, a short chunk
+  };
+  for (const Shape& s : shapes) {
+    const Floats q = Random(static_cast<size_t>(s.n * s.n_head * s.dk), 31);
+    const Floats k = Random(static_cast<size_t>(s.keys() * s.k_width()), 32);
+    const Floats v = Random(static_cast<size_t>(s.keys() * s.v_width()), 33, 3.0f);
+    for (KvType kt : kAllKvTypes) {
+      for (KvType vt : kAllKvTypes) {
+        const Bytes kb = GgmlStore(kt, k);
+        const Bytes vb = GgmlStore(vt, v);
+        const std::string what =
+            StrCat(s.Describe(), ", ", KvTypeName(kt), " keys, ", KvTypeName(vt), " values");
+        for (cpu::CpuBackend* cpu : {&one, &three}) {
+          absl::StatusOr<Floats> prefill = Attend(*cpu, Kind::kCausal, s, s.Args(kt, vt), q, kb, vb);
+          ASSERT_TRUE(prefill.ok()) << what << ": " << prefill.status();
+          const size_t row = static_cast<size_t>(s.n_head * s.dv);
+          const size_t q_row = static_cast<size_t>(s.n_head * s.dk);
+          for (int64_t t = 0; t < s.n; ++t) {
+            Shape step = s;
+            step.pos0 = s.pos0 + t;
+            step.n = 1;
+            const Floats qt(q.begin() + static_cast<std::ptrdiff_t>(t * q_row),
+                            q.begin() + static_cast<std::ptrdiff_t>((t + 1) * q_row));
+            absl::StatusOr<Floats> decode =
+                Attend(*cpu, Kind::kCausal, step, s.Args(kt, vt), qt, kb, vb);
+            ASSERT_TRUE(decode.ok()) << what << ": " << decode.status();
+            const Floats got(prefill->begin() + static_cast<std::ptrdiff_t>(t * row),
+                             prefill->begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+            EXPECT_TRUE(SameBits(got, *decode))
+                << what << ", query " << t << " on " << cpu->pool().threads() << " threads";
+          }
+        }
+      }
+    }
+  }
+}
+
 // kv_half (a device's StoreHalf rows) reads as f16 on both caches; it cannot be
 // combined with another type.
 TEST(CpuTypedAttentionTest, KvHalfIsF16) {

@@ -147,19 +147,29 @@ void LayerNorm(const float* x, int64_t n_rows, int64_t width, const float* weigh
   }
 }
 
+namespace {
+
+// p[0, n) = softmax(p) in place, max-subtracted, the sum in double (the reference
+// path's steps), then scaled by the inverse of the sum.
+void SoftmaxInPlace(float* p, int64_t n) {
+  float max = p[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, p[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::exp(p[i] - max);
+    sum += p[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) p[i] *= inv;
+}
+
+}  // namespace
+
 void Softmax(const float* x, int64_t n_rows, int64_t width, float* y) {
   for (int64_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * width;
     float* yr = y + r * width;
-    float max = xr[0];
-    for (int64_t i = 1; i < width; ++i) max = std::max(max, xr[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < width; ++i) {
-      yr[i] = std::exp(xr[i] - max);
-      sum += yr[i];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t i = 0; i < width; ++i) yr[i] *= inv;
+    if (yr != x + r * width) std::copy(x + r * width, x + (r + 1) * width, yr);
+    SoftmaxInPlace(yr, width);
   }
 }
 
@@ -259,48 +269,140 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
             F32Rows(v_cache, int64_t{shape.n_head_kv} * shape.head_dim_v), out);
 }
 
+namespace {
+
+// Queries per task of a prefill: their scores against a head's keys are one f32 GEMM
+// over a contiguous copy of those keys, which each task makes once.
+constexpr int64_t kAttentionQueryBlock = 16;
+
+// out = sum_i w[i] * v(i) over i in [0, n) for dv values, where v(i) points at value
+// row i's slice: each output element summed in the order of i from 0.0f, a float
+// multiply then an add (AddScaledRow's operations, so the bits of a zero-filled out
+// with AddScaledRow over the rows), 32 elements at a time held in registers.
+template <typename ValueRow>
+void WeightedValueSum(const float* w, int64_t n, int64_t dv, const ValueRow& v, float* out) {
+  using kernels::f32::V4;
+  constexpr int64_t kChunk = 32;
+  int64_t d = 0;
+  for (; d + kChunk <= dv; d += kChunk) {
+    V4 acc[kChunk / 4];
+    for (V4& a : acc) a = V4{0, 0, 0, 0};
+    for (int64_t i = 0; i < n; ++i) {
+      const V4 wv = {w[i], w[i], w[i], w[i]};
+      const float* row = v(i) + d;
+#pragma GCC unroll 8
+      for (int64_t c = 0; c < kChunk / 4; ++c) acc[c] += wv * kernels::f32::Load4(row + 4 * c);
+    }
+    std::memcpy(out + d, acc, sizeof(acc));
+  }
+  if (d < dv) {
+    std::fill(out + d, out + dv, 0.0f);
+    for (int64_t i = 0; i < n; ++i) AddScaledRow(w[i], v(i) + d, dv - d, out + d);
+  }
+}
+
+}  // namespace
+
 void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t n,
                int64_t pos0, const KvRows& k_cache, const KvRows& v_cache, float* out) {
   const int64_t dk = shape.head_dim_k;
   const int64_t dv = shape.head_dim_v;
   const int group = shape.n_head / shape.n_head_kv;
-  const size_t k_floats = HeadSlices::BufferFloats(k_cache, dk, 4);
-  const size_t v_floats = HeadSlices::BufferFloats(v_cache, dv, 1);
-  pool.ParallelFor(static_cast<size_t>(n * shape.n_head), [&](size_t task) {
-    const int64_t t = static_cast<int64_t>(task) / shape.n_head;
+  const bool causal = shape.n_kv <= 0;
+  // Keys query t reads: positions 0 .. pos0 + t (causal) or every key.
+  const auto keys_of = [&](int64_t t) { return causal ? pos0 + t + 1 : shape.n_kv; };
+  if (n == 1) {
+    // Decode: one task per head, scores against the keys in place, four at a time.
+    const size_t k_floats = HeadSlices::BufferFloats(k_cache, dk, 4);
+    const size_t v_floats = HeadSlices::BufferFloats(v_cache, dv, 1);
+    pool.ParallelFor(static_cast<size_t>(shape.n_head), [&](size_t task) {
+      const int h = static_cast<int>(task);
+      const int g = h / group;
+      const int64_t n_kv = keys_of(0);
+      const float* qh = q + h * dk;
+      // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
+      thread_local std::vector<float> p, widened;
+      p.resize(static_cast<size_t>(n_kv));
+      widened.resize(k_floats + v_floats);
+      const HeadSlices keys(k_cache, g * dk, dk, widened.data());
+      const HeadSlices values(v_cache, g * dv, dv, widened.data() + k_floats);
+      const float* xs[1] = {qh};
+      int64_t j = 0;
+      float s4[4];
+      for (; j + 4 <= n_kv; j += 4) {
+        const float* ws[4] = {keys.Get(j, 0), keys.Get(j + 1, 1), keys.Get(j + 2, 2),
+                              keys.Get(j + 3, 3)};
+        DotBlock<4, 1>(ws, xs, dk, s4);
+        for (int i = 0; i < 4; ++i) p[j + i] = s4[i] * shape.scale;
+      }
+      for (; j < n_kv; ++j) p[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
+      SoftmaxInPlace(p.data(), n_kv);
+      float* o = out + h * dv;
+      if (v_cache.type == KvType::kF32) {
+        WeightedValueSum(p.data(), n_kv, dv, [&](int64_t i) { return values.Get(i, 0); }, o);
+      } else {
+        std::fill(o, o + dv, 0.0f);
+        for (int64_t i = 0; i < n_kv; ++i) AddScaledRow(p[i], values.Get(i, 0), dv, o);
+      }
+    });
+    return;
+  }
+  // Prefill (or an unmasked attention): one task per (head, block of queries). The
+  // block's keys are copied (widened) into contiguous rows and its scores are one f32
+  // GEMM, whose dot products have DotBlock's bits (kernels/ukernel.h), so a query's
+  // output is the decode path's to the bit.
+  const int64_t blocks = (n + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+  const kernels::KernelConfig& kernels = pool.kernels();
+  pool.ParallelFor(static_cast<size_t>(blocks * shape.n_head), [&](size_t task) {
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
+    const int64_t t0 = static_cast<int64_t>(task) / shape.n_head * kAttentionQueryBlock;
+    const int64_t t1 = std::min(n, t0 + kAttentionQueryBlock);
     const int g = h / group;
-    // Causal: positions 0 .. pos0 + t; unmasked: every key.
-    const int64_t n_kv = shape.n_kv > 0 ? shape.n_kv : pos0 + t + 1;
-    const float* qh = q + (t * shape.n_head + h) * dk;
-    // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
-    thread_local std::vector<float> p, widened;
-    p.resize(static_cast<size_t>(n_kv));
-    widened.resize(k_floats + v_floats);
-    const HeadSlices keys(k_cache, g * dk, dk, widened.data());
-    const HeadSlices values(v_cache, g * dv, dv, widened.data() + k_floats);
-    // Scores against the keys four at a time, like a matmul's rows.
-    const float* xs[1] = {qh};
-    int64_t j = 0;
-    float s4[4];
-    for (; j + 4 <= n_kv; j += 4) {
-      const float* ws[4] = {keys.Get(j, 0), keys.Get(j + 1, 1), keys.Get(j + 2, 2),
-                            keys.Get(j + 3, 3)};
-      DotBlock<4, 1>(ws, xs, dk, s4);
-      for (int i = 0; i < 4; ++i) p[j + i] = s4[i] * shape.scale;
+    const int64_t n_keys = keys_of(t1 - 1);  // the most any query of the block reads
+    thread_local std::vector<float> keys, values, queries, scores;
+    keys.resize(static_cast<size_t>(n_keys * dk));
+    queries.resize(static_cast<size_t>((t1 - t0) * dk));
+    scores.resize(static_cast<size_t>((t1 - t0) * n_keys));
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const uint8_t* row = k_cache.data + static_cast<size_t>(j) * k_cache.row_bytes;
+      float* dst = keys.data() + j * dk;
+      if (k_cache.type == KvType::kF32) {
+        std::memcpy(dst, reinterpret_cast<const float*>(row) + g * dk,
+                    static_cast<size_t>(dk) * sizeof(float));
+      } else {
+        DecodeKvValues(k_cache.type, row, g * dk, dk, dst);
+      }
     }
-    for (; j < n_kv; ++j) p[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
-    float max = p[0];
-    for (int64_t i = 1; i < n_kv; ++i) max = std::max(max, p[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < n_kv; ++i) {
-      p[i] = std::exp(p[i] - max);
-      sum += p[i];
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(queries.data() + (t - t0) * dk, q + (t * shape.n_head + h) * dk,
+                  static_cast<size_t>(dk) * sizeof(float));
     }
-    const float inv = static_cast<float>(1.0 / sum);
-    float* o = out + (t * shape.n_head + h) * dv;
-    std::fill(o, o + dv, 0.0f);
-    for (int64_t i = 0; i < n_kv; ++i) AddScaledRow(p[i] * inv, values.Get(i, 0), dv, o);
+    kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys.data(), 0, static_cast<size_t>(n_keys),
+                          queries.data(), static_cast<size_t>(t1 - t0), scores.data(),
+                          static_cast<size_t>(n_keys));
+    // Values in place (fp32) or widened once for the block.
+    const float* value_rows = nullptr;
+    size_t value_stride = 0;
+    if (v_cache.type == KvType::kF32) {
+      value_rows = reinterpret_cast<const float*>(v_cache.data) + g * dv;
+      value_stride = v_cache.row_bytes / sizeof(float);
+    } else {
+      values.resize(static_cast<size_t>(n_keys * dv));
+      for (int64_t j = 0; j < n_keys; ++j) {
+        DecodeKvValues(v_cache.type, v_cache.data + static_cast<size_t>(j) * v_cache.row_bytes,
+                       g * dv, dv, values.data() + j * dv);
+      }
+      value_rows = values.data();
+      value_stride = static_cast<size_t>(dv);
+    }
+    const auto value = [&](int64_t i) { return value_rows + static_cast<size_t>(i) * value_stride; };
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n_kv = keys_of(t);
+      float* p = scores.data() + (t - t0) * n_keys;
+      for (int64_t j = 0; j < n_kv; ++j) p[j] *= shape.scale;
+      SoftmaxInPlace(p, n_kv);
+      WeightedValueSum(p, n_kv, dv, value, out + (t * shape.n_head + h) * dv);
+    }
   });
 }
 
