@@ -171,6 +171,7 @@ KernelConfig ScalarConfig() {
           moert_q4s24_gemm_ukernel_4x8__scalar, 4, Isa::kScalar);
   c.topk = {moert_f32_topk_ukernel__scalar, Isa::kScalar};
   c.f32_gemm = {moert_f32_gemm_ukernel_2x2__scalar, Isa::kScalar};
+  c.f32_wsum = {moert_f32_wsum_ukernel__scalar, Isa::kScalar};
   return c;
 }
 

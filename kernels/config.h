@@ -80,6 +80,12 @@ struct F32GemmConfig {
   Isa isa = Isa::kScalar;
 };
 
+// Attention's weighted sums of value rows (ukernel.h, moert_f32_wsum_ukernel_fn).
+struct F32WsumConfig {
+  moert_f32_wsum_ukernel_fn wsum = nullptr;
+  Isa isa = Isa::kScalar;
+};
+
 struct KernelConfig {
   Isa isa = Isa::kScalar;  // what was asked for (the best available by default)
   QuantConfig q8_quant;
@@ -89,6 +95,7 @@ struct KernelConfig {
   GemmConfig q4s24;  // W4S24
   TopKConfig topk;
   F32GemmConfig f32_gemm;
+  F32WsumConfig f32_wsum;
 };
 
 // The process-wide config: MOERT_ISA if set and usable, else the best available.

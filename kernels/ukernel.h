@@ -152,20 +152,37 @@ MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__scalar);
 
 // --- f32 GEMM (the fp32 reference path's matmuls) ---
 //
-// y[t * ldy + r] = dot(w + r * k, x + t * k) for rows r in [r0, r1) of w (row-major,
-// k floats a row) and tokens t in [0, n) of x, each dot product in this order: two
+// y[t * ldy + r] = dot(w + r * ldw, x + t * k) over k values, for rows r in [r0, r1)
+// of w (row-major, ldw >= k floats from one row to the next: a matrix's rows, or one
+// head's slice of a KV cache's rows) and tokens t in [0, n) of x (k floats a row), each
+// dot product in this order: two
 // 4-lane partial sums over the blocks of 8 (lane j of the first adds the products of
 // elements 8b + j, of the second 8b + 4 + j), s = first + second lane-wise, then
 // (s[0] + s[1]) + (s[2] + s[3]), then the remaining k % 8 products one by one; every
 // operation a float multiply or add, no fused multiply-add. So a value is the same bits
 // on every ISA, for any tile shape and any split of the rows between threads.
-typedef void (*moert_f32_gemm_ukernel_fn)(size_t k, const float* w, size_t r0, size_t r1,
-                                          const float* x, size_t n, float* y, size_t ldy);
+typedef void (*moert_f32_gemm_ukernel_fn)(size_t k, const float* w, size_t ldw, size_t r0,
+                                          size_t r1, const float* x, size_t n, float* y,
+                                          size_t ldy);
 
-#define MOERT_DECLARE_F32_GEMM(name)                                                       \
-  void name(size_t k, const float* w, size_t r0, size_t r1, const float* x, size_t n, float* y, \
-            size_t ldy)
+#define MOERT_DECLARE_F32_GEMM(name)                                                         \
+  void name(size_t k, const float* w, size_t ldw, size_t r0, size_t r1, const float* x, size_t n, \
+            float* y, size_t ldy)
 
 MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_2x2__scalar);
+
+// --- f32 weighted row sum (attention's values) ---
+//
+// out[d] = w[0] * v[d] + w[1] * v[v_stride + d] + ... + w[n - 1] * v[(n - 1) * v_stride + d]
+// for d in [0, dv), each element summed in the order of the rows starting from 0.0f,
+// every operation a float multiply or add (no fused multiply-add): the same bits on
+// every ISA. n == 0 writes zeros.
+typedef void (*moert_f32_wsum_ukernel_fn)(size_t n, const float* w, const float* v,
+                                          size_t v_stride, size_t dv, float* out);
+
+#define MOERT_DECLARE_F32_WSUM(name) \
+  void name(size_t n, const float* w, const float* v, size_t v_stride, size_t dv, float* out)
+
+MOERT_DECLARE_F32_WSUM(moert_f32_wsum_ukernel__scalar);
 
 #endif  // MOERT_KERNELS_UKERNEL_H_

@@ -18,6 +18,7 @@ MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__avx2);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__avx2);
 MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__avx2);
 MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_4x3__avx2);
+MOERT_DECLARE_F32_WSUM(moert_f32_wsum_ukernel__avx2);
 
 #define MOERT_APPLY_AVX2_KERNELS(c)                                                               \
   do {                                                                                            \
@@ -32,6 +33,7 @@ MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_4x3__avx2);
             Isa::kAvx2);                                                                          \
     (c).topk = {moert_f32_topk_ukernel__avx2, Isa::kAvx2};                                        \
     (c).f32_gemm = {moert_f32_gemm_ukernel_4x3__avx2, Isa::kAvx2};                                \
+    (c).f32_wsum = {moert_f32_wsum_ukernel__avx2, Isa::kAvx2};                                    \
   } while (0)
 
 #endif  // MOERT_KERNELS_UKERNELS_AVX2_H_

@@ -87,8 +87,8 @@ inline void DotBlock(const float* const* w, const float* const* x, size_t k, flo
 // fit, R1 rows by one token for the last tokens (a decode step's single token), single
 // dot products at the edges.
 template <int R, int C, int R1, typename L>
-void GemmTile(size_t k, const float* w, size_t r0, size_t r1, const float* x, size_t n, float* y,
-              size_t ldy) {
+void GemmTile(size_t k, const float* w, size_t ldw, size_t r0, size_t r1, const float* x, size_t n,
+              float* y, size_t ldy) {
   float out[R * C > R1 ? R * C : R1];
   size_t t = 0;
   for (; t + C <= n; t += C) {
@@ -97,14 +97,14 @@ void GemmTile(size_t k, const float* w, size_t r0, size_t r1, const float* x, si
     size_t r = r0;
     for (; r + R <= r1; r += R) {
       const float* ws[R];
-      for (int i = 0; i < R; ++i) ws[i] = w + (r + i) * k;
+      for (int i = 0; i < R; ++i) ws[i] = w + (r + i) * ldw;
       DotBlock<R, C, L>(ws, xs, k, out);
       for (int i = 0; i < R; ++i) {
         for (int c = 0; c < C; ++c) y[(t + c) * ldy + r + i] = out[i * C + c];
       }
     }
     for (; r < r1; ++r) {
-      const float* ws[1] = {w + r * k};
+      const float* ws[1] = {w + r * ldw};
       DotBlock<1, C, L>(ws, xs, k, out);
       for (int c = 0; c < C; ++c) y[(t + c) * ldy + r] = out[c];
     }
@@ -114,12 +114,12 @@ void GemmTile(size_t k, const float* w, size_t r0, size_t r1, const float* x, si
     size_t r = r0;
     for (; r + R1 <= r1; r += R1) {
       const float* ws[R1];
-      for (int i = 0; i < R1; ++i) ws[i] = w + (r + i) * k;
+      for (int i = 0; i < R1; ++i) ws[i] = w + (r + i) * ldw;
       DotBlock<R1, 1, L>(ws, xs, k, out);
       for (int i = 0; i < R1; ++i) y[t * ldy + r + i] = out[i];
     }
     for (; r < r1; ++r) {
-      const float* ws[1] = {w + r * k};
+      const float* ws[1] = {w + r * ldw};
       DotBlock<1, 1, L>(ws, xs, k, out);
       y[t * ldy + r] = out[0];
     }

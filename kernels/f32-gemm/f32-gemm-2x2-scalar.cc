@@ -5,5 +5,6 @@
 #include "kernels/ukernel.h"
 
 MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_2x2__scalar) {
-  moert::kernels::f32::GemmTile<2, 2, 4, moert::kernels::f32::Lanes4x2>(k, w, r0, r1, x, n, y, ldy);
+  moert::kernels::f32::GemmTile<2, 2, 4, moert::kernels::f32::Lanes4x2>(k, w, ldw, r0, r1, x, n, y,
+                                                                        ldy);
 }

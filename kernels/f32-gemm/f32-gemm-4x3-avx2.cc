@@ -8,5 +8,6 @@
 #include "kernels/ukernels-avx2.h"
 
 MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_4x3__avx2) {
-  moert::kernels::f32::GemmTile<4, 3, 4, moert::kernels::f32::Lanes8>(k, w, r0, r1, x, n, y, ldy);
+  moert::kernels::f32::GemmTile<4, 3, 4, moert::kernels::f32::Lanes8>(k, w, ldw, r0, r1, x, n, y,
+                                                                      ldy);
 }

@@ -2,7 +2,7 @@
 // included) against the definition written out here, one multiply and one add at a
 // time in kernels/ukernel.h's order: the same bits, on shapes that leave every tile
 // edge (rows and tokens below and past each tile, row ranges that start mid-matrix, k
-// below one block of 8 and with tails), with y's other entries untouched, and on
+// below one block of 8 and with tails, rows further apart than k), with y's other entries untouched, and on
 // infinities, NaNs and denormals (NaN for NaN). Built with -ffp-contract=off, so that
 // the definition here is not fused either.
 #include <bit>
@@ -15,9 +15,10 @@
 
 #include "gtest/gtest.h"
 #include "kernels/config.h"
+#include "kernels/f32_kernel_test.h"
 #include "kernels/ukernel.h"
 
-namespace moert::kernels {
+namespace moert::kernels::testing {
 namespace {
 
 float Definition(const float* w, const float* x, size_t k) {
@@ -41,43 +42,29 @@ float Definition(const float* w, const float* x, size_t k) {
   return v;
 }
 
-bool SameValue(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) ||
-         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
-}
-
-constexpr float kUntouched = -12345.5f;
-
-// Runs `fn` on rows [r0, rows) and `n` tokens of k values and checks every output
-// against the definition and every other entry of y against kUntouched.
-void Check(moert_f32_gemm_ukernel_fn fn, const std::vector<float>& w, const std::vector<float>& x,
-           size_t rows, size_t r0, size_t n, size_t k, const std::string& what) {
+// Runs `fn` on rows [r0, rows) of w (ldw floats apart, k used of each) and `n` tokens of
+// k values and checks every output against the definition and every other entry of y
+// against kUntouched.
+void Check(moert_f32_gemm_ukernel_fn fn, const std::vector<float>& w, size_t ldw,
+           const std::vector<float>& x, size_t rows, size_t r0, size_t n, size_t k,
+           const std::string& what) {
   const size_t ldy = rows + 3;
   std::vector<float> y(n * ldy, kUntouched);
-  fn(k, w.data(), r0, rows, x.data(), n, y.data(), ldy);
+  fn(k, w.data(), ldw, r0, rows, x.data(), n, y.data(), ldy);
   for (size_t t = 0; t < n; ++t) {
     for (size_t r = 0; r < ldy; ++r) {
       const float got = y[t * ldy + r];
       const float want =
-          r >= r0 && r < rows ? Definition(w.data() + r * k, x.data() + t * k, k) : kUntouched;
+          r >= r0 && r < rows ? Definition(w.data() + r * ldw, x.data() + t * k, k) : kUntouched;
       ASSERT_TRUE(SameValue(got, want))
           << what << ": token " << t << " row " << r << ": " << got << " vs " << want;
     }
   }
 }
 
-class F32GemmTest : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    auto config = KernelConfigFor(GetParam());
-    if (!config.ok()) GTEST_SKIP() << config.status().message();
-    if (config->f32_gemm.isa != GetParam()) {
-      GTEST_SKIP() << "no f32 GEMM kernel for " << IsaName(GetParam());
-    }
-    fn_ = config->f32_gemm.gemm;
-  }
-  moert_f32_gemm_ukernel_fn fn_ = nullptr;
-};
+class F32GemmTest
+    : public F32KernelTest<F32GemmConfig, &KernelConfig::f32_gemm, moert_f32_gemm_ukernel_fn,
+                                    &F32GemmConfig::gemm> {};
 
 TEST_P(F32GemmTest, MatchesTheDefinitionBitForBit) {
   std::mt19937 rng(7);
@@ -85,14 +72,17 @@ TEST_P(F32GemmTest, MatchesTheDefinitionBitForBit) {
   for (size_t rows : {1, 2, 3, 4, 5, 7, 8, 13}) {
     for (size_t n : {1, 2, 3, 4, 5, 7}) {
       for (size_t k : {1, 7, 8, 9, 16, 31, 64, 100}) {
-        std::vector<float> w(rows * k), x(n * k);
-        for (float& v : w) v = normal(rng);
-        for (float& v : x) v = normal(rng);
-        for (size_t r0 : {size_t{0}, rows / 2}) {
-          Check(fn_, w, x, rows, r0, n, k,
-                std::string(IsaName(GetParam())) + " rows " + std::to_string(r0) + ".." +
-                    std::to_string(rows) + " tokens " + std::to_string(n) + " k " +
-                    std::to_string(k));
+        // Rows k apart (a matrix) and k + 5 apart (a head's slice of wider rows).
+        for (size_t ldw : {k, k + 5}) {
+          std::vector<float> w(rows * ldw), x(n * k);
+          for (float& v : w) v = normal(rng);
+          for (float& v : x) v = normal(rng);
+          for (size_t r0 : {size_t{0}, rows / 2}) {
+            Check(fn_, w, ldw, x, rows, r0, n, k,
+                  std::string(IsaName(GetParam())) + " rows " + std::to_string(r0) + ".." +
+                      std::to_string(rows) + " tokens " + std::to_string(n) + " k " +
+                      std::to_string(k) + " ldw " + std::to_string(ldw));
+          }
         }
       }
     }
@@ -100,31 +90,18 @@ TEST_P(F32GemmTest, MatchesTheDefinitionBitForBit) {
 }
 
 TEST_P(F32GemmTest, InfinitiesNansAndDenormalsMatchTheDefinition) {
-  const float special[] = {std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(),
-                           std::numeric_limits<float>::quiet_NaN(),
-                           std::numeric_limits<float>::denorm_min(),
-                           -1e-40f,
-                           std::numeric_limits<float>::max(),
-                           0.0f,
-                           -0.0f,
-                           1.0f};
   std::mt19937 rng(11);
   for (size_t k : {8, 20, 67}) {
     const size_t rows = 9, n = 5;
     std::vector<float> w(rows * k), x(n * k);
-    for (float& v : w) v = special[rng() % std::size(special)];
-    for (float& v : x) v = special[rng() % std::size(special)];
-    Check(fn_, w, x, rows, 0, n, k, std::string(IsaName(GetParam())) + " k " + std::to_string(k));
+    for (float& v : w) v = kSpecialFloats[rng() % std::size(kSpecialFloats)];
+    for (float& v : x) v = kSpecialFloats[rng() % std::size(kSpecialFloats)];
+    Check(fn_, w, k, x, rows, 0, n, k,
+          std::string(IsaName(GetParam())) + " k " + std::to_string(k));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, F32GemmTest,
-                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kNeonDot, Isa::kNeonI8mm,
-                                           Isa::kSme2),
-                         [](const ::testing::TestParamInfo<Isa>& param_info) {
-                           return std::string(IsaName(param_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(AllIsas, F32GemmTest, F32KernelIsas(), IsaParamName);
 
 }  // namespace
-}  // namespace moert::kernels
+}  // namespace moert::kernels::testing

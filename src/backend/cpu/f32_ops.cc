@@ -65,7 +65,8 @@ void FloatMatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
     const int64_t r1 = std::min(job.w.rows, r0 + kRowsPerTask);
     // The f32 GEMM kernel of the pool's ISA: the same bits on every ISA (ukernel.h).
     pool.kernels().f32_gemm.gemm(static_cast<size_t>(job.w.cols), job.w.data,
-                                 static_cast<size_t>(r0), static_cast<size_t>(r1), job.x,
+                                 static_cast<size_t>(job.w.cols), static_cast<size_t>(r0),
+                                 static_cast<size_t>(r1), job.x,
                                  static_cast<size_t>(job.n), job.y,
                                  static_cast<size_t>(job.w.rows));
   });
@@ -214,51 +215,6 @@ void ApplyRope(const RopeParams& rope, int64_t pos0, int64_t n, int n_heads, int
   }
 }
 
-namespace {
-
-// o[d] = o[d] + w * v[d] for d < n: the scalar loop's operations, element for element
-// (no fused multiply-add), four lanes at a time.
-void AddScaledRow(float w, const float* v, int64_t n, float* o) {
-  using kernels::f32::V4;
-  const V4 wv = {w, w, w, w};
-  int64_t d = 0;
-  for (; d + 4 <= n; d += 4) {
-    V4 acc = kernels::f32::Load4(o + d);
-    acc += wv * kernels::f32::Load4(v + d);
-    std::memcpy(o + d, &acc, sizeof(acc));
-  }
-  for (; d < n; ++d) o[d] += w * v[d];
-}
-
-// One KV head's slices of a cache's rows as floats: an fp32 cache's in place, a typed
-// one's widened into the task's buffer (`slot` of up to 4 slices, so DotBlock reads
-// four keys at once).
-class HeadSlices {
- public:
-  // The slices of `dim` values starting `offset` values into each row; `buffer` holds
-  // 4 * dim floats where the cache is typed.
-  HeadSlices(const KvRows& rows, int64_t offset, int64_t dim, float* buffer)
-      : rows_(rows), offset_(offset), dim_(dim), buffer_(buffer) {}
-  // Whether Get needs a buffer, and how many floats of it.
-  static size_t BufferFloats(const KvRows& rows, int64_t dim, int slots) {
-    return rows.type == KvType::kF32 ? 0 : static_cast<size_t>(dim * slots);
-  }
-  const float* Get(int64_t j, int slot) const {
-    const uint8_t* row = rows_.data + static_cast<size_t>(j) * rows_.row_bytes;
-    if (rows_.type == KvType::kF32) return reinterpret_cast<const float*>(row) + offset_;
-    float* out = buffer_ + slot * dim_;
-    DecodeKvValues(rows_.type, row, offset_, dim_, out);
-    return out;
-  }
-
- private:
-  KvRows rows_;
-  int64_t offset_, dim_;
-  float* buffer_;
-};
-
-}  // namespace
-
 KvRows F32Rows(const float* rows, int64_t width) {
   return {reinterpret_cast<const uint8_t*>(rows), KvType::kF32, static_cast<size_t>(width) * 4};
 }
@@ -271,34 +227,24 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
 
 namespace {
 
-// Queries per task of a prefill: their scores against a head's keys are one f32 GEMM
-// over a contiguous copy of those keys, which each task makes once.
+// Queries per task of a prefill: one f32 GEMM scores them all against the head's keys.
 constexpr int64_t kAttentionQueryBlock = 16;
 
-// out = sum_i w[i] * v(i) over i in [0, n) for dv values, where v(i) points at value
-// row i's slice: each output element summed in the order of i from 0.0f, a float
-// multiply then an add (AddScaledRow's operations, so the bits of a zero-filled out
-// with AddScaledRow over the rows), 32 elements at a time held in registers.
-template <typename ValueRow>
-void WeightedValueSum(const float* w, int64_t n, int64_t dv, const ValueRow& v, float* out) {
-  using kernels::f32::V4;
-  constexpr int64_t kChunk = 32;
-  int64_t d = 0;
-  for (; d + kChunk <= dv; d += kChunk) {
-    V4 acc[kChunk / 4];
-    for (V4& a : acc) a = V4{0, 0, 0, 0};
-    for (int64_t i = 0; i < n; ++i) {
-      const V4 wv = {w[i], w[i], w[i], w[i]};
-      const float* row = v(i) + d;
-#pragma GCC unroll 8
-      for (int64_t c = 0; c < kChunk / 4; ++c) acc[c] += wv * kernels::f32::Load4(row + 4 * c);
-    }
-    std::memcpy(out + d, acc, sizeof(acc));
+// Rows [0, n) of one KV head's slice of a cache as fp32 rows `stride` floats apart: an
+// fp32 cache's in place, a typed one's widened into `buffer`.
+const float* HeadRows(const KvRows& rows, int64_t offset, int64_t dim, int64_t n,
+                      std::vector<float>& buffer, size_t* stride) {
+  if (rows.type == KvType::kF32) {
+    *stride = rows.row_bytes / sizeof(float);
+    return reinterpret_cast<const float*>(rows.data) + offset;
   }
-  if (d < dv) {
-    std::fill(out + d, out + dv, 0.0f);
-    for (int64_t i = 0; i < n; ++i) AddScaledRow(w[i], v(i) + d, dv - d, out + d);
+  buffer.resize(static_cast<size_t>(n * dim));
+  for (int64_t j = 0; j < n; ++j) {
+    DecodeKvValues(rows.type, rows.data + static_cast<size_t>(j) * rows.row_bytes, offset, dim,
+                   buffer.data() + j * dim);
   }
+  *stride = static_cast<size_t>(dim);
+  return buffer.data();
 }
 
 }  // namespace
@@ -311,46 +257,11 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
   const bool causal = shape.n_kv <= 0;
   // Keys query t reads: positions 0 .. pos0 + t (causal) or every key.
   const auto keys_of = [&](int64_t t) { return causal ? pos0 + t + 1 : shape.n_kv; };
-  if (n == 1) {
-    // Decode: one task per head, scores against the keys in place, four at a time.
-    const size_t k_floats = HeadSlices::BufferFloats(k_cache, dk, 4);
-    const size_t v_floats = HeadSlices::BufferFloats(v_cache, dv, 1);
-    pool.ParallelFor(static_cast<size_t>(shape.n_head), [&](size_t task) {
-      const int h = static_cast<int>(task);
-      const int g = h / group;
-      const int64_t n_kv = keys_of(0);
-      const float* qh = q + h * dk;
-      // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
-      thread_local std::vector<float> p, widened;
-      p.resize(static_cast<size_t>(n_kv));
-      widened.resize(k_floats + v_floats);
-      const HeadSlices keys(k_cache, g * dk, dk, widened.data());
-      const HeadSlices values(v_cache, g * dv, dv, widened.data() + k_floats);
-      const float* xs[1] = {qh};
-      int64_t j = 0;
-      float s4[4];
-      for (; j + 4 <= n_kv; j += 4) {
-        const float* ws[4] = {keys.Get(j, 0), keys.Get(j + 1, 1), keys.Get(j + 2, 2),
-                              keys.Get(j + 3, 3)};
-        DotBlock<4, 1>(ws, xs, dk, s4);
-        for (int i = 0; i < 4; ++i) p[j + i] = s4[i] * shape.scale;
-      }
-      for (; j < n_kv; ++j) p[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
-      SoftmaxInPlace(p.data(), n_kv);
-      float* o = out + h * dv;
-      if (v_cache.type == KvType::kF32) {
-        WeightedValueSum(p.data(), n_kv, dv, [&](int64_t i) { return values.Get(i, 0); }, o);
-      } else {
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t i = 0; i < n_kv; ++i) AddScaledRow(p[i], values.Get(i, 0), dv, o);
-      }
-    });
-    return;
-  }
-  // Prefill (or an unmasked attention): one task per (head, block of queries). The
-  // block's keys are copied (widened) into contiguous rows and its scores are one f32
-  // GEMM, whose dot products have DotBlock's bits (kernels/ukernel.h), so a query's
-  // output is the decode path's to the bit.
+  // One task per (head, block of queries): a decode step's n_head tasks of one query.
+  // The block's scores are one f32 GEMM over the head's key rows (ukernel.h: each dot
+  // product's bits do not depend on the block), its outputs the weighted sums of the
+  // value rows (f32 wsum: each element summed in the order of the keys), so a query's
+  // output has the same bits whatever block, thread count or ISA computed it.
   const int64_t blocks = (n + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
   const kernels::KernelConfig& kernels = pool.kernels();
   pool.ParallelFor(static_cast<size_t>(blocks * shape.n_head), [&](size_t task) {
@@ -359,49 +270,32 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     const int64_t t1 = std::min(n, t0 + kAttentionQueryBlock);
     const int g = h / group;
     const int64_t n_keys = keys_of(t1 - 1);  // the most any query of the block reads
-    thread_local std::vector<float> keys, values, queries, scores;
-    keys.resize(static_cast<size_t>(n_keys * dk));
-    queries.resize(static_cast<size_t>((t1 - t0) * dk));
-    scores.resize(static_cast<size_t>((t1 - t0) * n_keys));
-    for (int64_t j = 0; j < n_keys; ++j) {
-      const uint8_t* row = k_cache.data + static_cast<size_t>(j) * k_cache.row_bytes;
-      float* dst = keys.data() + j * dk;
-      if (k_cache.type == KvType::kF32) {
-        std::memcpy(dst, reinterpret_cast<const float*>(row) + g * dk,
+    // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
+    thread_local std::vector<float> widened_k, widened_v, queries, scores;
+    size_t k_stride = 0, v_stride = 0;
+    const float* keys = HeadRows(k_cache, g * dk, dk, n_keys, widened_k, &k_stride);
+    const float* values = HeadRows(v_cache, g * dv, dv, n_keys, widened_v, &v_stride);
+    // The GEMM reads the queries as rows of dk floats: one in place, more copied.
+    const float* x = q + (t0 * shape.n_head + h) * dk;
+    if (t1 - t0 > 1) {
+      queries.resize(static_cast<size_t>((t1 - t0) * dk));
+      for (int64_t t = t0; t < t1; ++t) {
+        std::memcpy(queries.data() + (t - t0) * dk, q + (t * shape.n_head + h) * dk,
                     static_cast<size_t>(dk) * sizeof(float));
-      } else {
-        DecodeKvValues(k_cache.type, row, g * dk, dk, dst);
       }
+      x = queries.data();
     }
-    for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(queries.data() + (t - t0) * dk, q + (t * shape.n_head + h) * dk,
-                  static_cast<size_t>(dk) * sizeof(float));
-    }
-    kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys.data(), 0, static_cast<size_t>(n_keys),
-                          queries.data(), static_cast<size_t>(t1 - t0), scores.data(),
+    scores.resize(static_cast<size_t>((t1 - t0) * n_keys));
+    kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, k_stride, 0, static_cast<size_t>(n_keys),
+                          x, static_cast<size_t>(t1 - t0), scores.data(),
                           static_cast<size_t>(n_keys));
-    // Values in place (fp32) or widened once for the block.
-    const float* value_rows = nullptr;
-    size_t value_stride = 0;
-    if (v_cache.type == KvType::kF32) {
-      value_rows = reinterpret_cast<const float*>(v_cache.data) + g * dv;
-      value_stride = v_cache.row_bytes / sizeof(float);
-    } else {
-      values.resize(static_cast<size_t>(n_keys * dv));
-      for (int64_t j = 0; j < n_keys; ++j) {
-        DecodeKvValues(v_cache.type, v_cache.data + static_cast<size_t>(j) * v_cache.row_bytes,
-                       g * dv, dv, values.data() + j * dv);
-      }
-      value_rows = values.data();
-      value_stride = static_cast<size_t>(dv);
-    }
-    const auto value = [&](int64_t i) { return value_rows + static_cast<size_t>(i) * value_stride; };
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n_kv = keys_of(t);
       float* p = scores.data() + (t - t0) * n_keys;
       for (int64_t j = 0; j < n_kv; ++j) p[j] *= shape.scale;
       SoftmaxInPlace(p, n_kv);
-      WeightedValueSum(p, n_kv, dv, value, out + (t * shape.n_head + h) * dv);
+      kernels.f32_wsum.wsum(static_cast<size_t>(n_kv), p, values, v_stride,
+                            static_cast<size_t>(dv), out + (t * shape.n_head + h) * dv);
     }
   });
 }
@@ -417,17 +311,17 @@ void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float
   const int64_t dk = shape.head_dim_k;
   const int group = shape.n_head / shape.n_head_kv;
   const int64_t n_kv = shape.n_kv;
-  const size_t k_floats = HeadSlices::BufferFloats(k, dk, 1);
   pool.ParallelFor(static_cast<size_t>(n * shape.n_head), [&](size_t task) {
     const int64_t t = static_cast<int64_t>(task) / shape.n_head;
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
     const float* qh = q + (t * shape.n_head + h) * dk;
-    std::vector<float> widened(k_floats);
-    const HeadSlices keys(k, (h / group) * dk, dk, widened.data());
+    thread_local std::vector<float> widened;
+    size_t stride = 0;
+    const float* keys = HeadRows(k, (h / group) * dk, dk, n_kv, widened, &stride);
     std::vector<float> s(static_cast<size_t>(n_kv));
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n_kv; ++j) {
-      s[j] = Dot(keys.Get(j, 0), qh, dk) * shape.scale;
+      s[j] = Dot(keys + static_cast<size_t>(j) * stride, qh, dk) * shape.scale;
       max = std::max(max, s[j]);
     }
     // H = ln Z - sum_j p_j (s_j - max), Z = sum_j exp(s_j - max).
