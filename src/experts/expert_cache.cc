@@ -231,7 +231,7 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
     const memory::BuddyStats now = pool_->expert_allocator().stats();
     // Under the limit SetPoolLimit set, the block must also fit the limit: room is made
     // the same way as in a full pool.
-    const bool over_limit = limit_bytes_ < now.pool_bytes && now.live_bytes + need > limit_bytes_;
+    const bool over_limit = OverLimit(info);
     if (!over_limit) {
       if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
       absl::StatusOr<memory::Block> block = defrag_.AllocateExpert(
@@ -379,14 +379,21 @@ ExpertCache::PrefetchResult ExpertCache::Prefetch(int layer, int expert) {
   // The victims' blocks that were not reused go back on the way out.
   const auto release_warm = absl::MakeCleanup([this] { pool_->ReleaseWarmExperts(); });
   while (true) {
-    if (std::optional<memory::Block> near = AllocateNextToPartner(info)) {
-      block = *near;
-      break;
+    // A prefetch keeps to SetPoolLimit's limit as a miss does (AllocateBlock): room
+    // under it is made by eviction, or the prefetch backs off.
+    if (!OverLimit(info)) {
+      if (std::optional<memory::Block> near = AllocateNextToPartner(info)) {
+        block = *near;
+        break;
+      }
+      block = pool_->AllocateExpert(info.runtime_bytes);
+      if (block.ok()) break;
+      if (!absl::IsResourceExhausted(block.status())) {
+        ++counters_.prefetch_backoffs;
+        return PrefetchResult::kBackedOff;
+      }
     }
-    block = pool_->AllocateExpert(info.runtime_bytes);
-    if (block.ok()) break;
-    if (!absl::IsResourceExhausted(block.status()) ||
-        !EvictOneForPrefetch(/*keep_pages=*/true)) {
+    if (!EvictOneForPrefetch(/*keep_pages=*/true)) {
       ++counters_.prefetch_backoffs;
       return PrefetchResult::kBackedOff;
     }
@@ -627,6 +634,12 @@ absl::Status ExpertCache::Defragment() {
                          [this](uint64_t from, uint64_t to, uint64_t) { OnMove(from, to); });
 }
 
+bool ExpertCache::OverLimit(const ExpertInfo& info) const {
+  const memory::BuddyStats now = pool_->expert_allocator().stats();
+  return limit_bytes_ < now.pool_bytes &&
+         now.live_bytes + BlockBytes(info.runtime_bytes, options_.min_block_bytes) > limit_bytes_;
+}
+
 void ExpertCache::SetPoolLimit(uint64_t bytes) {
   const uint64_t pool = pool_->expert_allocator().stats().pool_bytes;
   limit_bytes_ = std::clamp(bytes / block_bytes_ * block_bytes_, block_bytes_, pool);
@@ -657,6 +670,7 @@ absl::Status ExpertCache::Preload(std::span<const HotExpert> experts, size_t* lo
     for (const Pending& p : pending) queued = queued || p.index == index;
     if (queued) continue;
     const ExpertInfo& info = directory_.info(e->layer, e->expert);
+    if (OverLimit(info)) break;  // at the memory budget's limit: the rest stays on disk
     absl::StatusOr<memory::Block> block = pool_->AllocateExpert(info.runtime_bytes);
     if (!block.ok()) break;  // full: the rest stays on disk
     pool_->PinExpert(block->offset);

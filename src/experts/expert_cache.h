@@ -304,6 +304,9 @@ class ExpertCache {
   backend::FfnView View(const ExpertInfo& info, const Entry& entry) const;
   double Score(const Entry& entry) const;
   void Touch(Entry& entry);
+  // Whether a block for `info` would take the live bytes past limit_bytes_ (every
+  // allocation checks: a miss, a prefetch, a preload).
+  bool OverLimit(const ExpertInfo& info) const;
   // A block for `info`, evicting and defragmenting as the class comment says. The
   // victims' pages stay committed until the block is found (TieredPool's warm blocks), so
   // that a block that is a victim's own is reused without new page faults.

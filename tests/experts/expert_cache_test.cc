@@ -199,6 +199,22 @@ TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
       << third.status();
   cache->Release(0, 0);
   cache->Release(0, 1);
+  // Prefetches and preloads keep to the limit too: they evict what they may, else back
+  // off (a prefetch) or stop (a preload), and never take the pool past it.
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      cache->Prefetch(l, e);
+      EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB) << "prefetch of " << l << "/" << e;
+    }
+  }
+  cache->Drain();
+  EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB);
+  cache->EvictAll();
+  const std::vector<HotExpert> hot = {{0, 0, 5}, {0, 1, 4}, {1, 2, 3}, {1, 3, 2}};
+  size_t preloaded = 0;
+  ASSERT_TRUE(cache->Preload(hot, &preloaded).ok());
+  EXPECT_EQ(preloaded, 2u);
+  EXPECT_EQ(cache->stats().used_bytes, 2 * 128 * kKiB);
   // Never below one block, never above the pool; raising it lets the pool fill again.
   cache->SetPoolLimit(0);
   EXPECT_EQ(cache->pool_limit(), 128 * kKiB);
