@@ -101,7 +101,7 @@ struct Params {
   // The read bandwidth the roofline divides by, in GB/s; 0: measured at startup.
   float read_bw_gbps = 0;
   // Prefetch of predicted experts, one run of the tests per value (--prefetch on,off).
-  std::vector<bool> prefetch = {false};
+  std::vector<bool> prefetch = {true};
   int prefetch_depth = 1;
   int io_threads = 2;  // experts::LoaderOptions::io_threads
   int read_chunk_kib = 256;  // experts::LoaderOptions::read_chunk_bytes / 1024
@@ -386,7 +386,7 @@ const std::vector<Flag>& Flags() {
        FloatSetter(&Params::read_bw_gbps, 0, true, 1e30f, "GB/s >= 0 (0: measure)")},
       {"", "--prefetch", "on|off[,...]",
        "prefetch predicted experts while a layer computes;\na list runs the tests once per value "
-       "(default off)",
+       "(default on)",
        [](std::string_view v, Params& p) -> std::optional<std::string> {
          std::vector<bool> values;
          for (std::string_view rest = v; !rest.empty();) {

@@ -88,7 +88,7 @@ constexpr char kUsage[] =
     "  --thermal-limit C        above C degrees Celsius, one expert fewer per token\n"
     "                           (default 0: no limit)\n"
     "  --prefetch on|off        with a pool, read the experts the next layer's router\n"
-    "                           predicts while this layer computes (default off)\n"
+    "                           predicts while this layer computes (default on)\n"
     "  --prefetch-depth N       predict N layers ahead (default 1)\n"
     "  --backend cpu|opencl|auto where the model runs (default cpu; auto: an OpenCL\n"
     "                           GPU that passes a self-test, else the CPU)\n"
@@ -152,7 +152,7 @@ struct Args {
   float router_alpha = 1.0f;
   float dynamic_k = 0;
   float thermal_limit = 0;
-  bool prefetch = false;
+  bool prefetch = true;
   int64_t prefetch_depth = 1;
   moert::Backend backend = moert::Backend::kCpu;
   bool backend_given = false;

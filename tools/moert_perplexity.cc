@@ -57,7 +57,7 @@ constexpr char kUsage[] =
     "  --thermal-limit C       above C degrees Celsius, one expert fewer per token\n"
     "                          (default 0: no limit)\n"
     "  --prefetch on|off       with a pool, read the experts the next layer's router\n"
-    "                          predicts while this layer computes (default off)\n"
+    "                          predicts while this layer computes (default on)\n"
     "  --prefetch-depth N      predict N layers ahead (default 1)\n"
     "  --dense-fallback        run each MoE layer's dense fallback FFN (moert-pack\n"
     "                          --dense-fallback) instead of its routed experts\n"
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   bool load_options_lock = false;  // --mlock
   std::string cache_dir;           // --cache-dir
   float thermal_limit = 0;
-  bool prefetch = false;
+  bool prefetch = true;
   int prefetch_depth = 1;
   bool dense_fallback = false;
   moert::model::Backend backend = moert::model::Backend::kCpu;

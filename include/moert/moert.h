@@ -410,7 +410,7 @@ MOERT_API moert_status moert_runtime_set_temperature(moert_runtime* runtime, flo
 
 /** Prefetch of predicted experts, with an expert pool, for the models loaded from now
  * on: while a layer's experts compute, the experts the router of the layer `depth`
- * ahead predicts are read. Off (0) by default. MOERT_INVALID_ARGUMENT for depth < 1
+ * ahead predicts are read. On (1, depth 1) by default. MOERT_INVALID_ARGUMENT for depth < 1
  * (and, at load, for a depth past the model's last layer). */
 MOERT_API moert_status moert_runtime_set_prefetch(moert_runtime* runtime, int enabled, int depth);
 

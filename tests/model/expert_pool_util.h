@@ -34,6 +34,9 @@ inline ModelLoadOptions Options() {
   // The residency penalty off: with it, the router prefers resident experts under
   // pressure and the tokens may differ from fully resident ones by design.
   options.router.alpha = 0;
+  // The load paths without prefetch (the tests that want it turn it on): a prefetch
+  // that fails is no error, the expert is read again when a layer needs it.
+  options.prefetch = false;
   return options;
 }
 

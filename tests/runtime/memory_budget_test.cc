@@ -151,6 +151,7 @@ TEST(MemoryBudgetTest, PrefetchGivesTheSameTokensAndReportsPrecision) {
   options = Options();
   options.expert_pool_fraction = 0.5;
   options.router_alpha = 0;
+  options.prefetch = false;
   auto plain = Loaded(options, kQ4Model);
   ASSERT_NE(plain, nullptr);
   const std::vector<int32_t> want = GreedyTokens(*plain, 16);

@@ -32,6 +32,8 @@ RuntimeOptions Options(int context_length, int64_t pool_bytes) {
   options.expert_pool_bytes = pool_bytes;
   options.router_alpha = 0;  // routing independent of residency: tokens comparable
   options.hot_set = false;   // tests never write beside the shared models
+  // Prefetch on (the default, said here): the pool's limit holds for prefetches too.
+  options.prefetch = true;
   return options;
 }
 
