@@ -173,10 +173,11 @@ MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_2x2__scalar);
 
 // --- f32 weighted row sum (attention's values) ---
 //
-// out[d] = w[0] * v[d] + w[1] * v[v_stride + d] + ... + w[n - 1] * v[(n - 1) * v_stride + d]
-// for d in [0, dv), each element summed in the order of the rows starting from 0.0f,
-// every operation a float multiply or add (no fused multiply-add): the same bits on
-// every ISA. n == 0 writes zeros.
+// out[d] = out[d] + w[0] * v[d] + w[1] * v[v_stride + d] + ... + w[n - 1] * v[(n - 1) *
+// v_stride + d] for d in [0, dv): each element adds the rows' products to what out
+// holds, in the order of the rows, every operation a float multiply or add (no fused
+// multiply-add): the same bits on every ISA. So rows split into consecutive calls sum
+// to the bits of one call, and a zero-filled out gives the sum from 0.0f.
 typedef void (*moert_f32_wsum_ukernel_fn)(size_t n, const float* w, const float* v,
                                           size_t v_stride, size_t dv, float* out);
 

@@ -1,6 +1,6 @@
 // The f32 weighted row sum (ukernel.h, moert_f32_wsum_ukernel_fn) over a vector type of
-// L lanes: each output element is summed in the order of the rows, from 0.0f, one
-// multiply and one add at a time, so every lane width gives the same bits. Chunks of
+// L lanes: each output element adds the rows' products to its value in the order of the
+// rows, one multiply and one add at a time, so every lane width gives the same bits. Chunks of
 // 4 vectors stay in registers across all rows; the tail of fewer than L elements is
 // summed one element at a time.
 #ifndef MOERT_KERNELS_F32_WSUM_F32_WSUM_H_
@@ -22,7 +22,8 @@ inline void WeightedRowSum(size_t n, const float* w, const float* v, size_t v_st
   };
   size_t d = 0;
   for (; d + 4 * L <= dv; d += 4 * L) {
-    V acc[4] = {};
+    V acc[4];
+    for (int c = 0; c < 4; ++c) acc[c] = load(out + d + c * L);
     for (size_t i = 0; i < n; ++i) {
       const V wv = V{} + w[i];
       const float* row = v + i * v_stride + d;
@@ -32,12 +33,12 @@ inline void WeightedRowSum(size_t n, const float* w, const float* v, size_t v_st
     std::memcpy(out + d, acc, sizeof(acc));
   }
   for (; d + L <= dv; d += L) {
-    V acc = {};
+    V acc = load(out + d);
     for (size_t i = 0; i < n; ++i) acc += (V{} + w[i]) * load(v + i * v_stride + d);
     std::memcpy(out + d, &acc, sizeof(acc));
   }
   for (; d < dv; ++d) {
-    float acc = 0.0f;
+    float acc = out[d];
     for (size_t i = 0; i < n; ++i) acc += w[i] * v[i * v_stride + d];
     out[d] = acc;
   }

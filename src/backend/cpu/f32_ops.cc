@@ -229,22 +229,32 @@ namespace {
 
 // Queries per task of a prefill: one f32 GEMM scores them all against the head's keys.
 constexpr int64_t kAttentionQueryBlock = 16;
+// Rows of a typed cache widened at a time: a task's buffer stays this many rows long
+// however long the context.
+constexpr int64_t kWidenRows = 128;
 
-// Rows [0, n) of one KV head's slice of a cache as fp32 rows `stride` floats apart: an
+// Rows [j0, j1) of one KV head's slice of a cache as fp32 rows `stride` floats apart: an
 // fp32 cache's in place, a typed one's widened into `buffer`.
-const float* HeadRows(const KvRows& rows, int64_t offset, int64_t dim, int64_t n,
+const float* HeadRows(const KvRows& rows, int64_t offset, int64_t dim, int64_t j0, int64_t j1,
                       std::vector<float>& buffer, size_t* stride) {
   if (rows.type == KvType::kF32) {
     *stride = rows.row_bytes / sizeof(float);
-    return reinterpret_cast<const float*>(rows.data) + offset;
+    return reinterpret_cast<const float*>(rows.data + static_cast<size_t>(j0) * rows.row_bytes) +
+           offset;
   }
-  buffer.resize(static_cast<size_t>(n * dim));
-  for (int64_t j = 0; j < n; ++j) {
+  buffer.resize(static_cast<size_t>((j1 - j0) * dim));
+  for (int64_t j = j0; j < j1; ++j) {
     DecodeKvValues(rows.type, rows.data + static_cast<size_t>(j) * rows.row_bytes, offset, dim,
-                   buffer.data() + j * dim);
+                   buffer.data() + (j - j0) * dim);
   }
   *stride = static_cast<size_t>(dim);
   return buffer.data();
+}
+
+// How many rows a pass over a cache's rows takes: all of an fp32 cache's (read in
+// place), kWidenRows of a typed one's.
+int64_t RowsPerPass(const KvRows& rows, int64_t n) {
+  return rows.type == KvType::kF32 ? std::max<int64_t>(n, 1) : kWidenRows;
 }
 
 }  // namespace
@@ -258,10 +268,10 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
   // Keys query t reads: positions 0 .. pos0 + t (causal) or every key.
   const auto keys_of = [&](int64_t t) { return causal ? pos0 + t + 1 : shape.n_kv; };
   // One task per (head, block of queries): a decode step's n_head tasks of one query.
-  // The block's scores are one f32 GEMM over the head's key rows (ukernel.h: each dot
+  // The block's scores are f32 GEMMs over the head's key rows (ukernel.h: each dot
   // product's bits do not depend on the block), its outputs the weighted sums of the
-  // value rows (f32 wsum: each element summed in the order of the keys), so a query's
-  // output has the same bits whatever block, thread count or ISA computed it.
+  // value rows (f32 wsum: each element adds the rows in order, whatever the passes), so
+  // a query's output has the same bits whatever block, thread count or ISA computed it.
   const int64_t blocks = (n + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
   const kernels::KernelConfig& kernels = pool.kernels();
   pool.ParallelFor(static_cast<size_t>(blocks * shape.n_head), [&](size_t task) {
@@ -271,10 +281,7 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     const int g = h / group;
     const int64_t n_keys = keys_of(t1 - 1);  // the most any query of the block reads
     // The task's scratch, kept per thread: a decode step runs n_head tasks per layer.
-    thread_local std::vector<float> widened_k, widened_v, queries, scores;
-    size_t k_stride = 0, v_stride = 0;
-    const float* keys = HeadRows(k_cache, g * dk, dk, n_keys, widened_k, &k_stride);
-    const float* values = HeadRows(v_cache, g * dv, dv, n_keys, widened_v, &v_stride);
+    thread_local std::vector<float> widened, queries, scores;
     // The GEMM reads the queries as rows of dk floats: one in place, more copied.
     const float* x = q + (t0 * shape.n_head + h) * dk;
     if (t1 - t0 > 1) {
@@ -286,16 +293,35 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
       x = queries.data();
     }
     scores.resize(static_cast<size_t>((t1 - t0) * n_keys));
-    kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, k_stride, 0, static_cast<size_t>(n_keys),
-                          x, static_cast<size_t>(t1 - t0), scores.data(),
-                          static_cast<size_t>(n_keys));
+    const int64_t k_pass = RowsPerPass(k_cache, n_keys);
+    for (int64_t j0 = 0; j0 < n_keys; j0 += k_pass) {
+      const int64_t j1 = std::min(n_keys, j0 + k_pass);
+      size_t stride = 0;
+      const float* keys = HeadRows(k_cache, g * dk, dk, j0, j1, widened, &stride);
+      kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, stride, 0,
+                            static_cast<size_t>(j1 - j0), x, static_cast<size_t>(t1 - t0),
+                            scores.data() + j0, static_cast<size_t>(n_keys));
+    }
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n_kv = keys_of(t);
       float* p = scores.data() + (t - t0) * n_keys;
+      const int64_t n_kv = keys_of(t);
       for (int64_t j = 0; j < n_kv; ++j) p[j] *= shape.scale;
       SoftmaxInPlace(p, n_kv);
-      kernels.f32_wsum.wsum(static_cast<size_t>(n_kv), p, values, v_stride,
-                            static_cast<size_t>(dv), out + (t * shape.n_head + h) * dv);
+      float* o = out + (t * shape.n_head + h) * dv;
+      std::fill(o, o + dv, 0.0f);
+    }
+    const int64_t v_pass = RowsPerPass(v_cache, n_keys);
+    for (int64_t j0 = 0; j0 < n_keys; j0 += v_pass) {
+      const int64_t j1 = std::min(n_keys, j0 + v_pass);
+      size_t stride = 0;
+      const float* values = HeadRows(v_cache, g * dv, dv, j0, j1, widened, &stride);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rows = std::min(keys_of(t), j1) - j0;  // this query's keys in the pass
+        if (rows <= 0) continue;
+        kernels.f32_wsum.wsum(static_cast<size_t>(rows), scores.data() + (t - t0) * n_keys + j0,
+                              values, stride, static_cast<size_t>(dv),
+                              out + (t * shape.n_head + h) * dv);
+      }
     }
   });
 }
@@ -316,13 +342,17 @@ void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float
     const int h = static_cast<int>(static_cast<int64_t>(task) % shape.n_head);
     const float* qh = q + (t * shape.n_head + h) * dk;
     thread_local std::vector<float> widened;
-    size_t stride = 0;
-    const float* keys = HeadRows(k, (h / group) * dk, dk, n_kv, widened, &stride);
     std::vector<float> s(static_cast<size_t>(n_kv));
     float max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n_kv; ++j) {
-      s[j] = Dot(keys + static_cast<size_t>(j) * stride, qh, dk) * shape.scale;
-      max = std::max(max, s[j]);
+    const int64_t pass = RowsPerPass(k, n_kv);
+    for (int64_t j0 = 0; j0 < n_kv; j0 += pass) {
+      const int64_t j1 = std::min(n_kv, j0 + pass);
+      size_t stride = 0;
+      const float* keys = HeadRows(k, (h / group) * dk, dk, j0, j1, widened, &stride);
+      for (int64_t j = j0; j < j1; ++j) {
+        s[j] = Dot(keys + static_cast<size_t>(j - j0) * stride, qh, dk) * shape.scale;
+        max = std::max(max, s[j]);
+      }
     }
     // H = ln Z - sum_j p_j (s_j - max), Z = sum_j exp(s_j - max).
     double z = 0, weighted = 0;
