@@ -37,8 +37,8 @@ void RunGemm(benchmark::State& state, const GemmCase& gc) {
   for (float& v : x) v = uniform(rng);
   std::vector<float> y(gc.tokens * gc.rows), want(y.size());
   gc.fn(gc.k, w.data(), gc.k, 0, gc.rows, x.data(), gc.tokens, y.data(), gc.rows);
-  moert_f32_gemm_ukernel_2x2__scalar(gc.k, w.data(), gc.k, 0, gc.rows, x.data(), gc.tokens, want.data(),
-                                     gc.rows);
+  moert_f32_gemm_ukernel_2x2__scalar(gc.k, w.data(), gc.k, 0, gc.rows, x.data(), gc.tokens,
+                                     want.data(), gc.rows);
   if (std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) != 0) {
     bench::Fail(state, "outputs differ from the scalar kernel's");
     return;

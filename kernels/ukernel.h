@@ -165,7 +165,7 @@ typedef void (*moert_f32_gemm_ukernel_fn)(size_t k, const float* w, size_t ldw, 
                                           size_t r1, const float* x, size_t n, float* y,
                                           size_t ldy);
 
-#define MOERT_DECLARE_F32_GEMM(name)                                                         \
+#define MOERT_DECLARE_F32_GEMM(name)                                                              \
   void name(size_t k, const float* w, size_t ldw, size_t r0, size_t r1, const float* x, size_t n, \
             float* y, size_t ldy)
 
@@ -178,8 +178,8 @@ MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_2x2__scalar);
 // holds, in the order of the rows, every operation a float multiply or add (no fused
 // multiply-add): the same bits on every ISA. So rows split into consecutive calls sum
 // to the bits of one call, and a zero-filled out gives the sum from 0.0f.
-typedef void (*moert_f32_wsum_ukernel_fn)(size_t n, const float* w, const float* v,
-                                          size_t v_stride, size_t dv, float* out);
+typedef void (*moert_f32_wsum_ukernel_fn)(size_t n, const float* w, const float* v, size_t v_stride,
+                                          size_t dv, float* out);
 
 #define MOERT_DECLARE_F32_WSUM(name) \
   void name(size_t n, const float* w, const float* v, size_t v_stride, size_t dv, float* out)

@@ -1,8 +1,8 @@
 // The f32 weighted row sum (ukernel.h, moert_f32_wsum_ukernel_fn) over a vector type of
 // L lanes: each output element adds the rows' products to its value in the order of the
-// rows, one multiply and one add at a time, so every lane width gives the same bits. Chunks of
-// 4 vectors stay in registers across all rows; the tail of fewer than L elements is
-// summed one element at a time.
+// rows, one multiply and one add at a time, so every lane width gives the same bits.
+// Chunks of 4 vectors stay in registers across all rows; the tail of fewer than L
+// elements is summed one element at a time.
 #ifndef MOERT_KERNELS_F32_WSUM_F32_WSUM_H_
 #define MOERT_KERNELS_F32_WSUM_F32_WSUM_H_
 

@@ -641,8 +641,7 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
     bytes[0][bytes[0].size() / 2] ^= 0x10;
     streamed.reset();  // hashed before the flip
   }
-  result.checksum =
-      streamed.has_value() ? *streamed : ExpertChecksum(bytes[0], bytes[1], bytes[2]);
+  result.checksum = streamed.has_value() ? *streamed : ExpertChecksum(bytes[0], bytes[1], bytes[2]);
   if (job.expected && *job.expected != result.checksum) {
     result.status = absl::DataLossError(absl::StrFormat(
         "%s: checksum mismatch in the bytes of tensors '%s', '%s', '%s' at file offsets %d, "

@@ -388,9 +388,9 @@ TEST(CpuTypedAttentionTest, IsAttentionOverTheWidenedCachesBitForBit) {
 TEST(CpuTypedAttentionTest, PrefillIsTokenByTokenDecodeBitForBit) {
   cpu::CpuBackend one(1), three(3);
   const Shape shapes[] = {
-      {4, 2, 48, 48, 5, 37},   // GQA, three query blocks after a cache, dv = 32 + 16
-      {2, 2, 64, 64, 0, 20},   // MHA from position 0, dv a multiple of 32
-      {4, 1, 32, 96, 3, 2},    // MQA, a short chunk
+      {4, 2, 48, 48, 5, 37},  // GQA, three query blocks after a cache, dv = 32 + 16
+      {2, 2, 64, 64, 0, 20},  // MHA from position 0, dv a multiple of 32
+      {4, 1, 32, 96, 3, 2},   // MQA, a short chunk
   };
   for (const Shape& s : shapes) {
     const Floats q = Random(static_cast<size_t>(s.n * s.n_head * s.dk), 31);
@@ -403,7 +403,8 @@ TEST(CpuTypedAttentionTest, PrefillIsTokenByTokenDecodeBitForBit) {
         const std::string what =
             StrCat(s.Describe(), ", ", KvTypeName(kt), " keys, ", KvTypeName(vt), " values");
         for (cpu::CpuBackend* cpu : {&one, &three}) {
-          absl::StatusOr<Floats> prefill = Attend(*cpu, Kind::kCausal, s, s.Args(kt, vt), q, kb, vb);
+          absl::StatusOr<Floats> prefill =
+              Attend(*cpu, Kind::kCausal, s, s.Args(kt, vt), q, kb, vb);
           ASSERT_TRUE(prefill.ok()) << what << ": " << prefill.status();
           const size_t row = static_cast<size_t>(s.n_head * s.dv);
           const size_t q_row = static_cast<size_t>(s.n_head * s.dk);

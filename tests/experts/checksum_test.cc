@@ -55,8 +55,8 @@ TEST(XxHash64Stream, AnySplitGivesTheOneShotDigest) {
     x = x * 1103515245u + 12345u;
     b = static_cast<uint8_t>(x >> 16);
   }
-  for (const size_t piece : {size_t{1}, size_t{7}, size_t{31}, size_t{32}, size_t{33}, size_t{100},
-                             size_t{4096}}) {
+  for (const size_t piece :
+       {size_t{1}, size_t{7}, size_t{31}, size_t{32}, size_t{33}, size_t{100}, size_t{4096}}) {
     for (const uint64_t seed : {uint64_t{0}, uint64_t{0x9E3779B97F4A7C15ULL}}) {
       XxHash64Stream stream(seed);
       size_t at = 0;

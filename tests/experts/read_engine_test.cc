@@ -1,7 +1,7 @@
 // The loader's read engines on their own: a batch of many chunk reads at any depth
 // gives each chunk its bytes and its result: whole, short where the file ends, 0 past
-// it, -errno on a bad descriptor, and tells the caller of each as it finishes; the io_uring engine skips by name where the kernel
-// refuses a ring.
+// it, -errno on a bad descriptor, and tells the caller of each as it finishes; the
+// io_uring engine skips by name where the kernel refuses a ring.
 #include "experts/read_engine.h"
 
 #include <fcntl.h>

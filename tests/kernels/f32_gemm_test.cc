@@ -2,9 +2,9 @@
 // included) against the definition written out here, one multiply and one add at a
 // time in kernels/ukernel.h's order: the same bits, on shapes that leave every tile
 // edge (rows and tokens below and past each tile, row ranges that start mid-matrix, k
-// below one block of 8 and with tails, rows further apart than k), with y's other entries untouched, and on
-// infinities, NaNs and denormals (NaN for NaN). Built with -ffp-contract=off, so that
-// the definition here is not fused either.
+// below one block of 8 and with tails, rows further apart than k), with y's other
+// entries untouched, and on infinities, NaNs and denormals (NaN for NaN). Built with
+// -ffp-contract=off, so that the definition here is not fused either.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -62,9 +62,8 @@ void Check(moert_f32_gemm_ukernel_fn fn, const std::vector<float>& w, size_t ldw
   }
 }
 
-class F32GemmTest
-    : public F32KernelTest<F32GemmConfig, &KernelConfig::f32_gemm, moert_f32_gemm_ukernel_fn,
-                                    &F32GemmConfig::gemm> {};
+class F32GemmTest : public F32KernelTest<F32GemmConfig, &KernelConfig::f32_gemm,
+                                         moert_f32_gemm_ukernel_fn, &F32GemmConfig::gemm> {};
 
 TEST_P(F32GemmTest, MatchesTheDefinitionBitForBit) {
   std::mt19937 rng(7);

@@ -37,16 +37,15 @@ void Check(moert_f32_wsum_ukernel_fn fn, const std::vector<float>& w, const std:
       const float p = w[i] * v[i * stride + d];
       want = want + p;
     }
-    ASSERT_TRUE(SameValue(out[d], want)) << what << ": element " << d << ": " << out[d] << " vs "
-                                         << want;
+    ASSERT_TRUE(SameValue(out[d], want))
+        << what << ": element " << d << ": " << out[d] << " vs " << want;
   }
   EXPECT_EQ(out[dv], kUntouched) << what << ": wrote past dv";
   EXPECT_EQ(out[dv + 1], kUntouched) << what << ": wrote past dv";
 }
 
-class F32WsumTest
-    : public F32KernelTest<F32WsumConfig, &KernelConfig::f32_wsum, moert_f32_wsum_ukernel_fn,
-                                    &F32WsumConfig::wsum> {};
+class F32WsumTest : public F32KernelTest<F32WsumConfig, &KernelConfig::f32_wsum,
+                                         moert_f32_wsum_ukernel_fn, &F32WsumConfig::wsum> {};
 
 TEST_P(F32WsumTest, MatchesTheDefinitionBitForBit) {
   std::mt19937 rng(5);
@@ -61,8 +60,9 @@ TEST_P(F32WsumTest, MatchesTheDefinitionBitForBit) {
         // Onto zeros (a sum from 0.0f) and onto earlier rows' sums.
         Check(fn_, w, v, n, stride, std::vector<float>(dv, 0.0f),
               StrCat(IsaName(GetParam()), " n ", n, " dv ", dv, " stride ", stride));
-        Check(fn_, w, v, n, stride, start,
-              StrCat(IsaName(GetParam()), " n ", n, " dv ", dv, " stride ", stride, " onto values"));
+        Check(
+            fn_, w, v, n, stride, start,
+            StrCat(IsaName(GetParam()), " n ", n, " dv ", dv, " stride ", stride, " onto values"));
       }
     }
   }

@@ -66,8 +66,7 @@ void FloatMatMuls(ThreadPool& pool, std::span<const MatMulJob> jobs) {
     // The f32 GEMM kernel of the pool's ISA: the same bits on every ISA (ukernel.h).
     pool.kernels().f32_gemm.gemm(static_cast<size_t>(job.w.cols), job.w.data,
                                  static_cast<size_t>(job.w.cols), static_cast<size_t>(r0),
-                                 static_cast<size_t>(r1), job.x,
-                                 static_cast<size_t>(job.n), job.y,
+                                 static_cast<size_t>(r1), job.x, static_cast<size_t>(job.n), job.y,
                                  static_cast<size_t>(job.w.rows));
   });
 }
@@ -298,9 +297,9 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
       const int64_t j1 = std::min(n_keys, j0 + k_pass);
       size_t stride = 0;
       const float* keys = HeadRows(k_cache, g * dk, dk, j0, j1, widened, &stride);
-      kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, stride, 0,
-                            static_cast<size_t>(j1 - j0), x, static_cast<size_t>(t1 - t0),
-                            scores.data() + j0, static_cast<size_t>(n_keys));
+      kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, stride, 0, static_cast<size_t>(j1 - j0),
+                            x, static_cast<size_t>(t1 - t0), scores.data() + j0,
+                            static_cast<size_t>(n_keys));
     }
     for (int64_t t = t0; t < t1; ++t) {
       float* p = scores.data() + (t - t0) * n_keys;
