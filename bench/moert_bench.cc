@@ -1406,7 +1406,7 @@ int Run(const Params& p) {
                    kTool, static_cast<double>(m.pool.pool_bytes) / (1 << 20),
                    static_cast<unsigned long long>(m.pool.capacity_experts),
                    static_cast<unsigned long long>(m.all_experts_bytes /
-                                                   std::max<uint64_t>(m.pool.block_bytes, 1)),
+                                                   std::max<uint64_t>(m.pool.charge_bytes, 1)),
                    static_cast<double>(m.budget_bytes) / (1 << 20), m.io_mode.c_str(),
                    m.io_fallback.empty() ? "" : ": ", m.io_fallback.c_str(),
                    m.io_engine.empty() ? "" : ", reads through ", m.io_engine.c_str());

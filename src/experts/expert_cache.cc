@@ -2,6 +2,8 @@
 // the loader thread, defragmentation of the pool.
 #include "experts/expert_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -25,6 +27,14 @@ uint64_t ExpertCache::BlockBytes(uint64_t runtime_bytes, uint64_t min_block_byte
   return std::max(std::bit_ceil(std::max<uint64_t>(runtime_bytes, 1)), min_block_bytes);
 }
 
+uint64_t ExpertCache::ChargeBytes(uint64_t runtime_bytes) {
+  static const uint64_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<uint64_t>(p) : uint64_t{4096};
+  }();
+  return (std::max<uint64_t>(runtime_bytes, 1) + page - 1) / page * page;
+}
+
 ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options)
     : directory_(std::move(directory)),
       options_(options),
@@ -43,18 +53,23 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(
   std::unique_ptr<ExpertCache> cache(new ExpertCache(std::move(directory), options));
   const ExpertDirectory& dir = cache->directory_;
   cache->block_bytes_ = BlockBytes(dir.max_runtime_bytes(), options.min_block_bytes);
-  if (options.pool_bytes < cache->block_bytes_) {
+  cache->charge_bytes_ = std::min(ChargeBytes(dir.max_runtime_bytes()), cache->block_bytes_);
+  if (options.pool_bytes < cache->charge_bytes_) {
     return absl::ResourceExhaustedError(
         StrCat("an expert pool of ", options.pool_bytes, " bytes cannot hold one expert of ",
-               dir.max_runtime_bytes(), " bytes (a pool block of ", cache->block_bytes_,
-               " bytes)"));
+               dir.max_runtime_bytes(), " bytes (", cache->charge_bytes_, " bytes of pages)"));
   }
+  // Address space for as many of the largest experts as the budget's charges allow, each
+  // in its block (unless given).
+  const uint64_t experts = options.pool_bytes / cache->charge_bytes_;
   memory::TieredPoolOptions pool_options;
-  pool_options.expert_bytes = options.pool_bytes;
+  pool_options.expert_bytes = options.range_bytes > 0
+                                  ? options.range_bytes
+                                  : std::max(options.pool_bytes, experts * cache->block_bytes_);
   pool_options.expert_min_block = options.min_block_bytes;
   pool_options.metrics = cache->registry_;
   MOERT_ASSIGN_OR_RETURN(cache->pool_, memory::TieredPool::Create(pool_options));
-  cache->limit_bytes_ = cache->pool_->expert_allocator().stats().pool_bytes;
+  cache->limit_bytes_ = options.pool_bytes;
   LoaderOptions loader_options = options.loader;
   loader_options.metrics = cache->registry_;
   MOERT_ASSIGN_OR_RETURN(cache->loader_, Loader::Create(cache->directory_, loader_options));
@@ -228,9 +243,8 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
   const auto release_warm = absl::MakeCleanup([this] { pool_->ReleaseWarmExperts(); });
   const uint64_t need = BlockBytes(info.runtime_bytes, options_.min_block_bytes);
   while (true) {
-    const memory::BuddyStats now = pool_->expert_allocator().stats();
-    // Under the limit SetPoolLimit set, the block must also fit the limit: room is made
-    // the same way as in a full pool.
+    // The charged bytes must stay within the limit (the budget, or SetPoolLimit's): room
+    // is made the same way as in a full range.
     const bool over_limit = OverLimit(info);
     if (!over_limit) {
       if (std::optional<memory::Block> near = AllocateNextToPartner(info)) return *near;
@@ -247,18 +261,17 @@ absl::StatusOr<memory::Block> ExpertCache::AllocateBlock(const ExpertInfo& info,
     }
     if (over_limit) {
       return absl::ResourceExhaustedError(StrCat(
-          "the expert pool, limited to ", limit_bytes_, " bytes of its ", now.pool_bytes,
-          " (memory budget), cannot hold layer ", info.layer, ", expert ", info.expert,
-          " (a block of ", need, " bytes): ", now.live_bytes,
-          " bytes in use and nothing else to evict"));
+          "the expert pool, limited to ", limit_bytes_,
+          " bytes (memory budget), cannot hold layer ", info.layer, ", expert ", info.expert, " (",
+          ChargeBytes(info.runtime_bytes), " bytes of pages): ",
+          pool_->stats(memory::Tier::kExpert).charged, " bytes in use and nothing else to evict"));
     }
     const memory::BuddyStats s = pool_->expert_allocator().stats();
-    return absl::ResourceExhaustedError(StrCat(
-        "the expert pool budget of ", s.pool_bytes, " bytes cannot hold layer ", info.layer,
-        ", expert ", info.expert, " (", info.runtime_bytes, " bytes, a block of ",
-        need, "): ", s.free_bytes,
-        " bytes free, largest free block ", s.largest_free_block, ", ", s.pinned_blocks,
-        " experts pinned and nothing else to evict"));
+    return absl::ResourceExhaustedError(
+        StrCat("the expert pool's range of ", s.pool_bytes, " bytes cannot hold layer ", info.layer,
+               ", expert ", info.expert, " (", info.runtime_bytes, " bytes, a block of ", need,
+               "): ", s.free_bytes, " bytes free, largest free block ", s.largest_free_block, ", ",
+               s.pinned_blocks, " experts pinned and nothing else to evict"));
   }
 }
 
@@ -573,7 +586,7 @@ absl::Status ExpertCache::SwitchToUpdatedFile(const ExpertDirectory& updated,
   return absl::OkStatus();
 }
 
-uint64_t ExpertCache::capacity_experts() const { return limit_bytes_ / block_bytes_; }
+uint64_t ExpertCache::capacity_experts() const { return limit_bytes_ / charge_bytes_; }
 
 bool ExpertCache::IsResident(int layer, int expert) const {
   return CheckExpert(layer, expert).ok() && entries_[Index(layer, expert)].resident;
@@ -635,15 +648,14 @@ absl::Status ExpertCache::Defragment() {
 }
 
 bool ExpertCache::OverLimit(const ExpertInfo& info) const {
-  const memory::BuddyStats now = pool_->expert_allocator().stats();
-  return limit_bytes_ < now.pool_bytes &&
-         now.live_bytes + BlockBytes(info.runtime_bytes, options_.min_block_bytes) > limit_bytes_;
+  return pool_->stats(memory::Tier::kExpert).charged + ChargeBytes(info.runtime_bytes) >
+         limit_bytes_;
 }
 
 void ExpertCache::SetPoolLimit(uint64_t bytes) {
-  const uint64_t pool = pool_->expert_allocator().stats().pool_bytes;
-  limit_bytes_ = std::clamp(bytes / block_bytes_ * block_bytes_, block_bytes_, pool);
-  while (pool_->expert_allocator().stats().live_bytes > limit_bytes_ && EvictOne()) {
+  limit_bytes_ = std::clamp(bytes / charge_bytes_ * charge_bytes_, charge_bytes_,
+                            std::max(options_.pool_bytes, charge_bytes_));
+  while (pool_->stats(memory::Tier::kExpert).charged > limit_bytes_ && EvictOne()) {
   }
 }
 
@@ -723,10 +735,11 @@ ExpertCacheStats ExpertCache::stats() const {
   const memory::BuddyStats b = pool_->expert_allocator().stats();
   s.pool_bytes = limit_bytes_;
   s.block_bytes = block_bytes_;
-  s.capacity_experts = limit_bytes_ / block_bytes_;
-  s.used_bytes = b.live_bytes;
-  // Free under the limit (the physical pool may have more).
-  s.free_bytes = std::min(b.free_bytes, limit_bytes_ > b.live_bytes ? limit_bytes_ - b.live_bytes : 0);
+  s.charge_bytes = charge_bytes_;
+  s.capacity_experts = limit_bytes_ / charge_bytes_;
+  const uint64_t charged = pool_->stats(memory::Tier::kExpert).charged;
+  s.used_bytes = charged;
+  s.free_bytes = limit_bytes_ > charged ? limit_bytes_ - charged : 0;
   s.largest_free_block = b.largest_free_block;
   s.fragmentation = b.fragmentation;
   const memory::TierStats t = pool_->stats(memory::Tier::kExpert);

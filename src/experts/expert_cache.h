@@ -2,9 +2,13 @@
 // missing ones through the Loader and evicting to stay within the pool's byte budget.
 //
 // Residency: a bitmap per layer. Every resident expert is one block of the expert tier
-// of a memory::TieredPool (a buddy allocator over the budget); its pages are committed
+// of a memory::TieredPool (a buddy allocator); the pages of its bytes are committed
 // while it is resident and given back when it is evicted, so resident memory follows
-// the budget.
+// the budget. The budget counts an expert's charge, its bytes rounded up to pages
+// (ChargeBytes), not its power-of-two block: the tier's address range is made large
+// enough for the budget's worth of experts in blocks, and every allocation keeps the
+// charged bytes within the limit (pool_bytes, or SetPoolLimit's). An OLMoE expert of
+// 3.375 MiB takes a 4 MiB block but charges 3.375 MiB: 18% more experts per budget.
 //
 // Use: Acquire(layer, expert) makes the expert resident (a hit, or a miss that loads it
 // synchronously through the loader thread; the wait is the stall time) and pins it;
@@ -83,7 +87,10 @@
 namespace moert::experts {
 
 struct ExpertCacheOptions {
-  uint64_t pool_bytes = 0;  // the expert budget (rounded down to min_block_bytes)
+  uint64_t pool_bytes = 0;  // the expert budget: the charges of the experts held at once
+  // The expert tier's address range (0: room for pool_bytes' worth of the largest
+  // experts, each in its block). Tests of placement set it to pool_bytes.
+  uint64_t range_bytes = 0;
   uint64_t min_block_bytes = uint64_t{64} << 10;
   int lazy_steps = 2;
   // Prefetch never evicts an expert used in the last this many steps (the lazy window).
@@ -135,11 +142,12 @@ struct ExpertCacheStats {
   uint64_t defrag_bytes_moved = 0;
   uint64_t co_placed = 0;  // blocks allocated as the buddy of a partner's block
   // The pool now.
-  uint64_t pool_bytes = 0;       // usable bytes of the expert tier
+  uint64_t pool_bytes = 0;       // the budget of the pool now (its limit): charged bytes
   uint64_t block_bytes = 0;      // the block one (largest) expert takes
+  uint64_t charge_bytes = 0;     // what it charges: its bytes rounded up to pages
   uint64_t capacity_experts = 0; // experts of that size the pool holds at once
-  uint64_t used_bytes = 0;       // live block bytes
-  uint64_t free_bytes = 0;
+  uint64_t used_bytes = 0;       // charged by the resident and loading experts
+  uint64_t free_bytes = 0;       // pool_bytes - used_bytes
   uint64_t largest_free_block = 0;
   double fragmentation = 0;
   uint64_t committed_bytes = 0;       // read/write pages of the tier now
@@ -157,6 +165,8 @@ class ExpertCache {
   // The pool block an expert of `runtime_bytes` takes: the smallest power of two
   // >= runtime_bytes and >= min_block_bytes.
   static uint64_t BlockBytes(uint64_t runtime_bytes, uint64_t min_block_bytes);
+  // What the budget charges for an expert of `runtime_bytes`: the pages it commits.
+  static uint64_t ChargeBytes(uint64_t runtime_bytes);
 
   // ResourceExhausted naming both numbers when the pool cannot hold even one expert;
   // errors of TieredPool::Create and Loader::Create otherwise.
@@ -208,8 +218,8 @@ class ExpertCache {
   // Evicts the resident unpinned experts no Acquire has used (a hot-set preload not
   // needed yet); returns how many went.
   size_t EvictUnused();
-  // Keeps the live block bytes at or below `bytes` from now on (rounded down to a block,
-  // at least one block, at most the pool): evicts unpinned experts down to it now, and
+  // Keeps the charged bytes at or below `bytes` from now on (rounded down to a charge,
+  // at least one charge, at most pool_bytes): evicts unpinned experts down to it now, and
   // allocations evict before they pass it. The pool's memory budget (memory/budget.h)
   // sets it when KV caches or a trim take bytes from the pool. A pool's full size:
   // pool_bytes.
@@ -304,7 +314,7 @@ class ExpertCache {
   backend::FfnView View(const ExpertInfo& info, const Entry& entry) const;
   double Score(const Entry& entry) const;
   void Touch(Entry& entry);
-  // Whether a block for `info` would take the live bytes past limit_bytes_ (every
+  // Whether loading `info` would take the charged bytes past limit_bytes_ (every
   // allocation checks: a miss, a prefetch, a preload).
   bool OverLimit(const ExpertInfo& info) const;
   // A block for `info`, evicting and defragmenting as the class comment says. The
@@ -348,7 +358,8 @@ class ExpertCache {
   uint64_t step_ = 0;
   uint64_t generation_ = 0;  // the last Placement::generation handed out
   uint64_t block_bytes_ = 0;
-  uint64_t limit_bytes_ = 0;  // SetPoolLimit's; the pool's size until then
+  uint64_t charge_bytes_ = 0;
+  uint64_t limit_bytes_ = 0;       // SetPoolLimit's; options_.pool_bytes until then
   std::vector<size_t> in_flight_;  // entries a prefetch or StartLoad is loading
   std::vector<size_t> started_;    // entries StartLoad started this step
   ExpertCacheStats counters_;  // the counting fields only

@@ -131,7 +131,10 @@ void TieredPool::SubUsed(Tier tier, uint64_t bytes) {
 }
 
 void TieredPool::Publish(Tier tier) {
-  used_gauges_[static_cast<size_t>(tier)]->Set(static_cast<double>(tier_stats(tier).used));
+  // The expert tier publishes what the budget counts: its charged pages, not its blocks.
+  const TierStats& s = tier_stats(tier);
+  used_gauges_[static_cast<size_t>(tier)]->Set(
+      static_cast<double>(tier == Tier::kExpert ? s.charged : s.used));
   if (tier == Tier::kExpert) metrics_.expert_fragmentation.Set(experts_.fragmentation());
 }
 
@@ -188,30 +191,45 @@ absl::StatusOr<uint8_t*> TieredPool::AllocatePersistent(uint64_t bytes, uint64_t
 // --- Expert pool.
 
 absl::StatusOr<Block> TieredPool::AllocateExpert(uint64_t bytes) {
-  return CommitExpert(experts_.Allocate(bytes));
+  return CommitExpert(experts_.Allocate(bytes), bytes);
 }
 
 absl::StatusOr<Block> TieredPool::AllocateExpertAt(uint64_t offset, uint64_t bytes) {
-  return CommitExpert(experts_.AllocateAt(offset, bytes));
+  return CommitExpert(experts_.AllocateAt(offset, bytes), bytes);
 }
 
-absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block) {
+absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block, uint64_t bytes) {
   if (!block.ok()) {
     return absl::Status(block.status().code(),
                         StrCat("expert pool: ", std::string(block.status().message())));
   }
-  const auto warm = std::find(warm_.begin(), warm_.end(),
-                              std::pair<uint64_t, uint64_t>{block->offset, block->size});
+  const uint64_t need = std::min(AlignUp(std::max<uint64_t>(bytes, 1), page_), block->size);
+  uint8_t* base = expert_base_ + block->offset;
+  const auto warm = std::find_if(warm_.begin(), warm_.end(), [&](const WarmBlock& w) {
+    return w.offset == block->offset && w.size == block->size;
+  });
   if (warm != warm_.end()) {
-    warm_.erase(warm);  // its pages are committed and resident already
+    // Its pages are committed and resident already: commit or give back the difference.
+    const uint64_t have = warm->committed;
+    warm_.erase(warm);
+    if (need > have) {
+      if (absl::Status status = Commit(base + have, need - have, Tier::kExpert); !status.ok()) {
+        Decommit(base, have, Tier::kExpert);
+        experts_.Free(block->offset);
+        return status;
+      }
+    } else {
+      Decommit(base + need, have - need, Tier::kExpert);
+    }
   } else {
     ReleaseWarmOverlapping(block->offset, block->size);
-    if (absl::Status status = Commit(expert_base_ + block->offset, block->size, Tier::kExpert);
-        !status.ok()) {
+    if (absl::Status status = Commit(base, need, Tier::kExpert); !status.ok()) {
       experts_.Free(block->offset);
       return status;
     }
   }
+  expert_committed_[block->offset] = need;
+  tier_stats(Tier::kExpert).charged += need;
   AddUsed(Tier::kExpert, block->size);
   return block;
 }
@@ -220,30 +238,34 @@ void TieredPool::FreeExpert(uint64_t offset, bool keep_pages) {
   const uint64_t size = experts_.BlockSize(offset);
   experts_.Free(offset);  // reports a bad offset
   if (size == 0) return;
+  const auto it = expert_committed_.find(offset);
+  const uint64_t committed = it != expert_committed_.end() ? it->second : 0;
+  if (it != expert_committed_.end()) expert_committed_.erase(it);
+  tier_stats(Tier::kExpert).charged -= committed;
   if (keep_pages) {
-    warm_.emplace_back(offset, size);
+    warm_.push_back({offset, size, committed});
   } else {
-    Decommit(expert_base_ + offset, size, Tier::kExpert);
+    Decommit(expert_base_ + offset, committed, Tier::kExpert);
   }
   SubUsed(Tier::kExpert, size);
 }
 
 void TieredPool::ReleaseWarmOverlapping(uint64_t offset, uint64_t size) {
-  std::erase_if(warm_, [&](const std::pair<uint64_t, uint64_t>& w) {
-    if (w.first >= offset + size || offset >= w.first + w.second) return false;
-    Decommit(expert_base_ + w.first, w.second, Tier::kExpert);
+  std::erase_if(warm_, [&](const WarmBlock& w) {
+    if (w.offset >= offset + size || offset >= w.offset + w.size) return false;
+    Decommit(expert_base_ + w.offset, w.committed, Tier::kExpert);
     return true;
   });
 }
 
 void TieredPool::ReleaseWarmExperts() {
-  for (const auto& [offset, size] : warm_) Decommit(expert_base_ + offset, size, Tier::kExpert);
+  for (const WarmBlock& w : warm_) Decommit(expert_base_ + w.offset, w.committed, Tier::kExpert);
   warm_.clear();
 }
 
 uint64_t TieredPool::warm_expert_bytes() const {
   uint64_t bytes = 0;
-  for (const auto& w : warm_) bytes += w.second;
+  for (const WarmBlock& w : warm_) bytes += w.committed;
   return bytes;
 }
 
@@ -252,14 +274,18 @@ absl::Status TieredPool::MoveExpert(uint64_t from, uint64_t to) {
     return absl::Status(status.code(), StrCat("expert pool: ", std::string(status.message())));
   }
   const uint64_t size = experts_.BlockSize(from);
+  const auto it = expert_committed_.find(from);
+  const uint64_t committed = it != expert_committed_.end() ? it->second : size;
   ReleaseWarmOverlapping(to, size);
-  if (absl::Status status = Commit(expert_base_ + to, size, Tier::kExpert); !status.ok()) {
+  if (absl::Status status = Commit(expert_base_ + to, committed, Tier::kExpert); !status.ok()) {
     return status;
   }
-  std::memmove(expert_base_ + to, expert_base_ + from, size);
+  std::memmove(expert_base_ + to, expert_base_ + from, committed);
   [[maybe_unused]] absl::Status moved = experts_.Relocate(from, to);
   assert(moved.ok());
-  Decommit(expert_base_ + from, size, Tier::kExpert);
+  Decommit(expert_base_ + from, committed, Tier::kExpert);
+  if (it != expert_committed_.end()) expert_committed_.erase(it);
+  expert_committed_[to] = committed;
   Publish(Tier::kExpert);  // the fragmentation moved
   return absl::OkStatus();
 }

@@ -1,9 +1,17 @@
 // The runtime's memory, in three tiers over one reserved address range: a persistent bump
 // arena (embeddings, attention, norms, routers, shared experts, lm head), the expert pool
-// (a BuddyAllocator over the user's byte budget) and the activation tier (KV cache and a ring
+// (a BuddyAllocator over an address range) and the activation tier (KV cache and a ring
 // of per-layer scratch released by lifetime). Address space is reserved up front with
 // PROT_NONE and MAP_NORESERVE, committed (made read/write) when allocated and given back
 // (MADV_DONTNEED, then PROT_NONE again) when freed, so resident memory follows what is live.
+//
+// An expert block is a power of two, but only the pages of the bytes asked for are
+// committed: an expert of 3.375 MiB in a 4 MiB block commits 3.375 MiB, and the rest of
+// the block stays PROT_NONE (a read past the expert faults instead of reading zeros).
+// The expert tier's `charged` bytes are those pages of the live blocks: what the memory
+// budget counts (memory/budget.h). The tier's range (expert_bytes) may be larger than
+// what the budget lets the owner hold at once, so that the blocks' rounding costs address
+// space, not memory (experts/expert_cache.h keeps the charged bytes to its limit).
 #ifndef MOERT_MEMORY_TIERED_POOL_H_
 #define MOERT_MEMORY_TIERED_POOL_H_
 
@@ -15,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "memory/buddy_allocator.h"
@@ -41,6 +50,9 @@ struct TierStats {
   uint64_t reserved = 0;        // address space of the tier
   uint64_t committed = 0;       // read/write bytes (whole pages)
   uint64_t used = 0;            // bytes handed out (expert: block sizes; ring: incl. padding)
+  // Expert tier: the committed pages of live blocks (the bytes asked for, rounded up to
+  // pages; free blocks kept warm are not counted). Other tiers: 0.
+  uint64_t charged = 0;
   uint64_t peak_committed = 0;
   uint64_t peak_used = 0;
 };
@@ -63,7 +75,8 @@ class TieredPool {
 
   // --- Expert pool. Blocks are addressed by offset; an offset stays valid until its block
   // is freed or moved (MoveExpert, or the Defragmenter, which reports the new offset).
-  // ExpertData turns one into a pointer. A fresh block reads as zeros.
+  // ExpertData turns one into a pointer. A fresh block reads as zeros; only its first
+  // `bytes`, rounded up to pages, are committed (readable).
   absl::StatusOr<Block> AllocateExpert(uint64_t bytes);
   // The block at `offset` (BuddyAllocator::AllocateAt): placement chosen by the caller, such
   // as next to the block of an expert used together with this one (memory/co_placement.h).
@@ -82,8 +95,9 @@ class TieredPool {
   uint8_t* ExpertData(uint64_t offset) const { return expert_base_ + offset; }
   void PinExpert(uint64_t offset) { experts_.Pin(offset); }
   void UnpinExpert(uint64_t offset) { experts_.Unpin(offset); }
-  // Moves the live unpinned block at `from` to the free range at `to` (memmove of its bytes;
-  // commits `to`, gives back `from`). Errors as BuddyAllocator::Relocate.
+  // Moves the live unpinned block at `from` to the free range at `to` (memmove of its
+  // committed bytes; commits them at `to`, gives back `from`). Errors as
+  // BuddyAllocator::Relocate.
   absl::Status MoveExpert(uint64_t from, uint64_t to);
   const BuddyAllocator& expert_allocator() const { return experts_; }
 
@@ -115,9 +129,10 @@ class TieredPool {
   TieredPool(const TieredPoolOptions& options, uint64_t page, uint8_t* map, uint64_t map_bytes,
              BuddyAllocator experts);
 
-  // Commits the pages of a block the allocator just handed out (freeing it on failure),
-  // or takes a warm block's as they are.
-  absl::StatusOr<Block> CommitExpert(absl::StatusOr<Block> block);
+  // Commits the first `bytes` (rounded up to pages) of a block the allocator just handed
+  // out (freeing it on failure), or takes a warm block's pages as they are (committing
+  // or giving back the difference).
+  absl::StatusOr<Block> CommitExpert(absl::StatusOr<Block> block, uint64_t bytes);
   // Gives back the pages of every warm block that overlaps [offset, offset + size).
   void ReleaseWarmOverlapping(uint64_t offset, uint64_t size);
   absl::Status Commit(uint8_t* p, uint64_t bytes, Tier tier);
@@ -145,7 +160,14 @@ class TieredPool {
 
   uint8_t* expert_base_;
   BuddyAllocator experts_;
-  std::vector<std::pair<uint64_t, uint64_t>> warm_;  // free expert blocks still committed
+  struct WarmBlock {
+    uint64_t offset;
+    uint64_t size;       // the block
+    uint64_t committed;  // its committed bytes (from its start)
+  };
+  // Free expert blocks still committed, and each live block's committed bytes.
+  std::vector<WarmBlock> warm_;
+  absl::flat_hash_map<uint64_t, uint64_t> expert_committed_;
 
   uint8_t* activation_base_;
   uint64_t activation_capacity_;

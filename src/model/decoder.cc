@@ -404,6 +404,10 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
     memory_.scratch_bytes +=
         experts::kExpertParts * ((directory->max_part_file_bytes() + 3 * a - 1) / a * a);
   }
+  // The runtime's own heap, thread stacks and code pages, which no arena holds: without
+  // them, a budget the pool fills to the last page (it charges experts their pages)
+  // would end with the process's resident set just past it.
+  memory_.scratch_bytes += kRuntimeAllowanceBytes;
   const uint64_t budget = options.memory_budget_bytes;
   const uint64_t base = memory_.persistent_bytes + memory_.scratch_bytes;
   if (budget > 0 && base > budget && options.kv_cache_positions == 0) {  // else named below
@@ -413,26 +417,28 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
         " bytes), before any KV cache or expert"));
   }
 
-  // The pool's geometry: blocks, every expert, its floor (one token's experts in every
-  // MoE layer, unless given).
-  uint64_t block = 0, all = 0, pool = 0, floor = 0;
+  // The pool's geometry: what one expert charges the budget (its pages, not its
+  // power-of-two block: ExpertCache::ChargeBytes), every expert, the pool's floor (one
+  // token's experts in every MoE layer, unless given).
+  uint64_t charge = 0, all = 0, pool = 0, floor = 0;
   const uint64_t min_block = options.expert_cache.min_block_bytes;
   const bool pool_is_rest = moe && options.expert_pool_bytes == 0 && fraction == 0;
   const uint64_t k = spec_.n_expert_used;
   if (moe) {
-    block = experts::ExpertCache::BlockBytes(directory->max_runtime_bytes(), min_block);
-    all = directory->expert_count() * block;
+    charge = std::min(experts::ExpertCache::ChargeBytes(directory->max_runtime_bytes()),
+                      experts::ExpertCache::BlockBytes(directory->max_runtime_bytes(), min_block));
+    all = directory->expert_count() * charge;
     if (options.expert_pool_bytes > 0) {
       pool = options.expert_pool_bytes;
     } else if (fraction > 0) {
       pool = static_cast<uint64_t>(std::ceil(fraction * static_cast<double>(all)));
-      pool = (pool + min_block - 1) / min_block * min_block;
+      pool = (pool + charge - 1) / charge * charge;
     }
-    pool = std::min(pool, all) / min_block * min_block;
+    pool = std::min(pool, all) / charge * charge;
     floor = options.expert_pool_floor_bytes > 0
                 ? options.expert_pool_floor_bytes
-                : k * static_cast<uint64_t>(directory->n_layer()) * block;
-    floor = std::max(floor / block * block, k * block);
+                : k * static_cast<uint64_t>(directory->n_layer()) * charge;
+    floor = std::max(floor / charge * charge, k * charge);
   }
 
   // The context the budget sets aside a KV cache for: given, else what fits (at most the
@@ -481,21 +487,21 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
     return absl::OkStatus();
   }
 
-  if (pool_is_rest) pool = std::min(budget - fixed, all) / min_block * min_block;
+  if (pool_is_rest) pool = std::min(budget - fixed, all) / charge * charge;
   if (budget > 0 && fixed + pool > budget) {
     return absl::ResourceExhaustedError(
         StrCat(file.name(), ": the memory budget of ", budget, " bytes cannot hold an expert pool of ",
                pool, " bytes on top of ", fixed_text));
   }
-  const uint64_t capacity = pool / block;
+  const uint64_t capacity = pool / charge;
   if (capacity < k) {
-    return absl::ResourceExhaustedError(StrCat(
-        file.name(), ": the expert pool of ", pool, " bytes holds ", capacity, " experts (blocks of ",
-        block, " bytes) but one token needs ", k, " experts resident together (", k * block,
-        " bytes)",
-        pool_is_rest ? StrCat("; the pool is what the memory budget of ", budget,
-                              " bytes leaves after ", fixed_text)
-                     : std::string()));
+    return absl::ResourceExhaustedError(
+        StrCat(file.name(), ": the expert pool of ", pool, " bytes holds ", capacity, " experts (",
+               charge, " bytes each) but one token needs ", k, " experts resident together (",
+               k * charge, " bytes)",
+               pool_is_rest ? StrCat("; the pool is what the memory budget of ", budget,
+                                     " bytes leaves after ", fixed_text)
+                            : std::string()));
   }
   experts::ExpertCacheOptions cache_options = options.expert_cache;
   cache_options.pool_bytes = pool;
@@ -509,7 +515,7 @@ absl::Status DecoderModel::SetUpExpertPool(const format::GgufFile& file,
   memory_.experts_per_token = k;
   ledger.pool_bytes = pool;
   ledger.pool_floor_bytes = std::min(floor, pool);
-  ledger.pool_granule = block;
+  ledger.pool_granule = charge;
   budget_ = std::make_shared<memory::MemoryBudget>(ledger);
   return absl::OkStatus();
 }
@@ -571,13 +577,13 @@ MemoryStats DecoderModel::memory_stats() const {
 std::string DecoderModel::pool_state() const {
   if (expert_cache_ == nullptr) return "";
   const experts::ExpertCacheStats st = expert_cache_->stats();
-  std::string out = StrCat("pool_bytes=", st.pool_bytes, "\nblock_bytes=", st.block_bytes,
-                           "\nused_bytes=", st.used_bytes, "\nfree_bytes=", st.free_bytes,
-                           "\nlargest_free_block=", st.largest_free_block,
-                           "\nfragmentation=", st.fragmentation,
-                           "\nresident_experts=", st.resident_experts,
-                           "\npinned_experts=", st.pinned_experts, "\nhits=", st.hits,
-                           "\nmisses=", st.misses, "\nevictions=", st.evictions, "\n");
+  std::string out =
+      StrCat("pool_bytes=", st.pool_bytes, "\nblock_bytes=", st.block_bytes,
+             "\ncharge_bytes=", st.charge_bytes, "\nused_bytes=", st.used_bytes,
+             "\nfree_bytes=", st.free_bytes, "\nlargest_free_block=", st.largest_free_block,
+             "\nfragmentation=", st.fragmentation, "\nresident_experts=", st.resident_experts,
+             "\npinned_experts=", st.pinned_experts, "\nhits=", st.hits, "\nmisses=", st.misses,
+             "\nevictions=", st.evictions, "\n");
   const experts::ExpertDirectory& dir = expert_cache_->directory();
   // Per layer: the residency bitmap (64-bit words, hex, expert 0 the lowest bit of the
   // first) and the live blocks (expert@offset), which are the buddy allocator's.

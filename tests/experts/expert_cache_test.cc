@@ -3,6 +3,7 @@
 #include "experts/expert_cache.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -12,7 +13,6 @@
 #include <vector>
 
 #include "experts/delta_make.h"
-
 #include "experts/test_model.h"
 #include "telemetry/metrics.h"
 
@@ -24,9 +24,11 @@ using testing::ViewBytes;
 using testing::TestModelOptions;
 
 constexpr uint64_t kKiB = 1024;
+const uint64_t kCharge = ExpertCache::ChargeBytes(104448);
 
 // Two layers of 4 experts; Q8_0 gives W8 experts of 104448 bytes (a 128 KiB block),
-// Q4_0 W4 experts of 55296 bytes (a 64 KiB block).
+// Q4_0 W4 experts of 55296 bytes (a 64 KiB block). The budget charges an expert its
+// pages (kCharge for a W8 one), not its block: a pool of 4 * 128 KiB holds 4 of them.
 TestModel Model(const std::string& name,
                 std::vector<format::GgmlType> types = {format::GgmlType::kQ8_0,
                                                        format::GgmlType::kQ8_0}) {
@@ -35,10 +37,13 @@ TestModel Model(const std::string& name,
   return testing::WriteTestModel(testing::TempDir(name), "m.gguf", options);
 }
 
+// range_bytes: the pool's address range (0: the cache's own; the placement tests give
+// pool_bytes, so that its blocks are all the room there is).
 std::unique_ptr<ExpertCache> Cache(const TestModel& model, uint64_t pool_bytes,
-                                   IoMode mode = IoMode::kBuffered) {
+                                   IoMode mode = IoMode::kBuffered, uint64_t range_bytes = 0) {
   ExpertCacheOptions options;
   options.pool_bytes = pool_bytes;
+  options.range_bytes = range_bytes;
   options.loader.mode = mode;
   auto cache = ExpertCache::Create(model.Directory(), options);
   EXPECT_TRUE(cache.ok()) << cache.status();
@@ -59,6 +64,43 @@ TEST(ExpertCache, BlockBytes) {
   EXPECT_EQ(ExpertCache::BlockBytes(104448, 64 * kKiB), 128 * kKiB);
   EXPECT_EQ(ExpertCache::BlockBytes(1000, 64 * kKiB), 64 * kKiB);
   EXPECT_EQ(ExpertCache::BlockBytes(128 * kKiB, 64 * kKiB), 128 * kKiB);
+}
+
+TEST(ExpertCache, ChargeBytesArePages) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(ExpertCache::ChargeBytes(1), page);
+  EXPECT_EQ(ExpertCache::ChargeBytes(page), page);
+  EXPECT_EQ(ExpertCache::ChargeBytes(page + 1), 2 * page);
+  EXPECT_EQ(kCharge % page, 0u);
+  EXPECT_GE(kCharge, 104448u);
+  EXPECT_LT(kCharge, 104448u + page);
+}
+
+// An OLMoE-sized expert (3.375 MiB) takes a 4 MiB block but charges its 3.375 MiB: a
+// budget of 4 blocks holds 4 experts and part of a fifth's worth, and the charges, the
+// committed pages and the registry's gauge all stay within it.
+TEST(ExpertCache, BudgetCountsPagesNotBlocks) {
+  const TestModel model = Model("charge");
+  const uint64_t budget = 5 * kCharge + kCharge / 2;  // 5.5 charges: 5 experts, not 4 blocks
+  ASSERT_LT(budget, 5 * 128 * kKiB);
+  auto cache = Cache(model, budget);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->capacity_experts(), 5u);
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 4; ++e) {
+      Use(*cache, model, l, e);
+      const ExpertCacheStats s = cache->stats();
+      EXPECT_LE(s.used_bytes, budget);
+      EXPECT_LE(s.committed_bytes, budget);
+    }
+  }
+  const ExpertCacheStats s = cache->stats();
+  EXPECT_EQ(s.resident_experts, 5u);
+  EXPECT_EQ(s.used_bytes, 5 * kCharge);
+  EXPECT_EQ(s.committed_bytes, 5 * kCharge);
+  EXPECT_EQ(s.free_bytes, budget - 5 * kCharge);
+  EXPECT_EQ(s.evictions, 3u);
+  EXPECT_GE(cache->expert_region_bytes(), 5 * 128 * kKiB);  // address space, not memory
 }
 
 TEST(ExpertCache, CountersAreExact) {
@@ -82,15 +124,15 @@ TEST(ExpertCache, CountersAreExact) {
   EXPECT_EQ(s.bytes_loaded, 3 * file_bytes);  // buffered: exactly the file bytes
   EXPECT_DOUBLE_EQ(s.hit_rate(), 0.5);
   EXPECT_EQ(s.resident_experts, 3u);
-  EXPECT_EQ(s.used_bytes, 3 * 128 * kKiB);
-  EXPECT_EQ(s.free_bytes, 128 * kKiB);
+  EXPECT_EQ(s.used_bytes, 3 * kCharge);
+  EXPECT_EQ(s.free_bytes, 4 * 128 * kKiB - 3 * kCharge);
   EXPECT_EQ(s.capacity_experts, 4u);
   EXPECT_EQ(s.pinned_experts, 0u);
   EXPECT_EQ(cache->uses(0, 1), 3u);
   EXPECT_EQ(cache->residency(0), std::vector<uint64_t>{0b0011});
   EXPECT_EQ(cache->residency(1), std::vector<uint64_t>{0b1000});
   // Resident pages are committed; evicting gives them back.
-  EXPECT_EQ(s.committed_bytes, 3 * 128 * kKiB);
+  EXPECT_EQ(s.committed_bytes, 3 * kCharge);
   cache->EvictAll();
   s = cache->stats();
   EXPECT_EQ(s.committed_bytes, 0u);
@@ -124,7 +166,7 @@ TEST(ExpertCache, PublishesLoadsBytesAndPoolStateToTheRegistry) {
   EXPECT_EQ(s.hits, 3u);  // the stats count a prefetch in time as a hit
   EXPECT_EQ(registry.Read("moert_expert_read_bytes_total"), static_cast<double>(3 * file_bytes));
   EXPECT_EQ(registry.Read("moert_expert_stall_seconds_total"), static_cast<double>(s.stall_ns) / 1e9);
-  EXPECT_EQ(registry.Read("moert_pool_used_bytes", {"expert"}), static_cast<double>(3 * 128 * kKiB));
+  EXPECT_EQ(registry.Read("moert_pool_used_bytes", {"expert"}), static_cast<double>(3 * kCharge));
   EXPECT_EQ(registry.Read("moert_pool_fragmentation_ratio", {"expert"}), s.fragmentation);
   cache.EvictAll();
   EXPECT_EQ(registry.Read("moert_pool_used_bytes", {"expert"}), 0);
@@ -142,7 +184,8 @@ TEST(ExpertCache, PinnedExpertsAreNeverEvicted) {
   auto third = cache->Acquire(1, 0);
   ASSERT_FALSE(third.ok());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(third.status().message().find("budget of 262144 bytes"), std::string::npos)
+  EXPECT_NE(third.status().message().find("limited to 262144 bytes (memory budget)"),
+            std::string::npos)
       << third.status();
   EXPECT_TRUE(cache->IsResident(0, 0));
   EXPECT_TRUE(cache->IsResident(0, 1));
@@ -169,24 +212,24 @@ TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
   ASSERT_NE(cache, nullptr);
   for (int e = 0; e < 4; ++e) Use(*cache, model, 0, e);
   Use(*cache, model, 1, 0);  // full: one evicted for it
-  EXPECT_EQ(cache->stats().used_bytes, 4 * 128 * kKiB);
+  EXPECT_EQ(cache->stats().used_bytes, 4 * kCharge);
   // The victim's block was reused; no page is left committed outside a live block.
-  EXPECT_EQ(cache->stats().committed_bytes, 4 * 128 * kKiB);
+  EXPECT_EQ(cache->stats().committed_bytes, 4 * kCharge);
 
-  // Down to 2 blocks (rounded down to a block): two evicted now.
-  cache->SetPoolLimit(2 * 128 * kKiB + 1000);
+  // Down to 2 experts (rounded down to a charge): two evicted now.
+  cache->SetPoolLimit(2 * kCharge + 1000);
   ExpertCacheStats s = cache->stats();
-  EXPECT_EQ(cache->pool_limit(), 2 * 128 * kKiB);
-  EXPECT_EQ(s.pool_bytes, 2 * 128 * kKiB);
+  EXPECT_EQ(cache->pool_limit(), 2 * kCharge);
+  EXPECT_EQ(s.pool_bytes, 2 * kCharge);
   EXPECT_EQ(s.capacity_experts, 2u);
-  EXPECT_EQ(s.used_bytes, 2 * 128 * kKiB);
-  EXPECT_EQ(s.committed_bytes, 2 * 128 * kKiB);  // their pages given back
+  EXPECT_EQ(s.used_bytes, 2 * kCharge);
+  EXPECT_EQ(s.committed_bytes, 2 * kCharge);  // their pages given back
   EXPECT_EQ(s.free_bytes, 0u);
   // Every later load stays under the limit, the weights still right.
   for (int l = 0; l < 2; ++l) {
     for (int e = 0; e < 4; ++e) {
       Use(*cache, model, l, e);
-      EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB);
+      EXPECT_LE(cache->stats().used_bytes, 2 * kCharge);
     }
   }
   // Two pinned and a third wanted: the limit's error, the cache usable after it.
@@ -194,7 +237,8 @@ TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
   ASSERT_TRUE(cache->Acquire(0, 1).ok());
   auto third = cache->Acquire(1, 1);
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(third.status().message().find("limited to 262144 bytes of its 524288"),
+  EXPECT_NE(third.status().message().find("limited to " + std::to_string(2 * kCharge) +
+                                          " bytes (memory budget)"),
             std::string::npos)
       << third.status();
   cache->Release(0, 0);
@@ -204,25 +248,25 @@ TEST(ExpertCache, PoolLimitEvictsDownToItAndAllocationsKeepUnderIt) {
   for (int l = 0; l < 2; ++l) {
     for (int e = 0; e < 4; ++e) {
       cache->Prefetch(l, e);
-      EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB) << "prefetch of " << l << "/" << e;
+      EXPECT_LE(cache->stats().used_bytes, 2 * kCharge) << "prefetch of " << l << "/" << e;
     }
   }
   cache->Drain();
-  EXPECT_LE(cache->stats().used_bytes, 2 * 128 * kKiB);
+  EXPECT_LE(cache->stats().used_bytes, 2 * kCharge);
   cache->EvictAll();
   const std::vector<HotExpert> hot = {{0, 0, 5}, {0, 1, 4}, {1, 2, 3}, {1, 3, 2}};
   size_t preloaded = 0;
   ASSERT_TRUE(cache->Preload(hot, &preloaded).ok());
   EXPECT_EQ(preloaded, 2u);
-  EXPECT_EQ(cache->stats().used_bytes, 2 * 128 * kKiB);
-  // Never below one block, never above the pool; raising it lets the pool fill again.
+  EXPECT_EQ(cache->stats().used_bytes, 2 * kCharge);
+  // Never below one charge, never above the pool; raising it lets the pool fill again.
   cache->SetPoolLimit(0);
-  EXPECT_EQ(cache->pool_limit(), 128 * kKiB);
-  EXPECT_EQ(cache->stats().used_bytes, 128 * kKiB);
+  EXPECT_EQ(cache->pool_limit(), kCharge);
+  EXPECT_EQ(cache->stats().used_bytes, kCharge);
   cache->SetPoolLimit(uint64_t{1} << 40);
   EXPECT_EQ(cache->pool_limit(), 4 * 128 * kKiB);
   for (int e = 0; e < 4; ++e) Use(*cache, model, 1, e);
-  EXPECT_EQ(cache->stats().used_bytes, 4 * 128 * kKiB);
+  EXPECT_EQ(cache->stats().used_bytes, 4 * kCharge);
 }
 
 TEST(ExpertCache, EvictUnusedDropsPreloadedExpertsNoStepUsed) {
@@ -238,7 +282,7 @@ TEST(ExpertCache, EvictUnusedDropsPreloadedExpertsNoStepUsed) {
   EXPECT_FALSE(cache->IsResident(0, 0));
   EXPECT_TRUE(cache->IsResident(0, 1));
   EXPECT_FALSE(cache->IsResident(1, 2));
-  EXPECT_EQ(cache->stats().committed_bytes, 128 * kKiB);
+  EXPECT_EQ(cache->stats().committed_bytes, kCharge);
 }
 
 TEST(ExpertCache, LazyRuleKeepsRecentlyUsedExperts) {
@@ -307,7 +351,7 @@ TEST(ExpertCache, FrequencyOutweighsRecencyOutsideTheLazyWindow) {
 // Layer 0: 128 KiB experts, layer 1: 64 KiB experts, in a 256 KiB pool.
 TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
   const TestModel model = Model("defrag", {format::GgmlType::kQ8_0, format::GgmlType::kQ4_0});
-  auto cache = Cache(model, 256 * kKiB);
+  auto cache = Cache(model, 256 * kKiB, IoMode::kBuffered, 256 * kKiB);
   ASSERT_NE(cache, nullptr);
   EXPECT_EQ(cache->directory().info(1, 0).runtime_bytes, 55296u);
   // Four small experts fill the pool; 0 and 2 are used more than 1 and 3.
@@ -350,7 +394,7 @@ TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
   EXPECT_FALSE(cache->IsResident(1, 3));
   EXPECT_EQ(s.defrag_runs, 1u);
   EXPECT_EQ(s.defrag_bytes_moved, 64 * kKiB);
-  EXPECT_EQ(s.used_bytes, 256 * kKiB);
+  EXPECT_EQ(s.used_bytes, 2 * ExpertCache::ChargeBytes(55296) + kCharge);
   // The moved expert's bytes moved with it.
   Use(*cache, model, 1, 0);
   Use(*cache, model, 1, 2);
@@ -359,7 +403,7 @@ TEST(ExpertCache, DefragmentsWhenFreeBytesAreSplit) {
 
 TEST(ExpertCache, DefragmentCompactsSplitFreeBytes) {
   const TestModel model = Model("defragment");
-  auto cache = Cache(model, 4 * 128 * kKiB);
+  auto cache = Cache(model, 4 * 128 * kKiB, IoMode::kBuffered, 4 * 128 * kKiB);
   ASSERT_NE(cache, nullptr);
   // Four blocks in use; 1 and 3 go, leaving two free blocks that are not buddies.
   for (int e = 0; e < 4; ++e) ASSERT_TRUE(cache->Acquire(0, e).ok());
@@ -396,6 +440,7 @@ void CoPlacementScenario(bool co_placement, bool prefetch) {
   constexpr uint64_t kBlock = 128 * kKiB;
   ExpertCacheOptions options;
   options.pool_bytes = 4 * kBlock;
+  options.range_bytes = 4 * kBlock;
   options.co_placement = co_placement;
   auto created = ExpertCache::Create(model.Directory(), options);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -429,7 +474,7 @@ void CoPlacementScenario(bool co_placement, bool prefetch) {
   ExpertCacheStats s = cache.stats();
   EXPECT_EQ(s.co_placed, co_placement ? 1u : 0u);
   EXPECT_EQ(s.loads_hidden, prefetch ? 1u : 0u);
-  EXPECT_EQ(s.free_bytes, 0u);
+  EXPECT_EQ(s.free_bytes, 4 * kBlock - 4 * kCharge);  // the budget's: 4 charges used
 
   // 3 and 5 go, 2 and 7 stay.
   cache.Release(0, 3);
@@ -437,7 +482,7 @@ void CoPlacementScenario(bool co_placement, bool prefetch) {
   s = cache.stats();
   EXPECT_FALSE(cache.IsResident(0, 3));
   EXPECT_FALSE(cache.IsResident(0, 5));
-  EXPECT_EQ(s.free_bytes, 2 * kBlock);
+  EXPECT_EQ(s.free_bytes, 4 * kBlock - 2 * kCharge);
   EXPECT_EQ(s.largest_free_block, co_placement ? 2 * kBlock : kBlock);
   EXPECT_EQ(s.fragmentation, co_placement ? 0.0 : 0.5);
   cache.Release(0, 2);
@@ -467,7 +512,7 @@ TEST(ExpertCache, FailedLoadLeavesNothingBehind) {
   EXPECT_FALSE(cache->IsResident(0, 1));
   ExpertCacheStats s = cache->stats();
   EXPECT_EQ(s.failed_loads, 1u);
-  EXPECT_EQ(s.used_bytes, 128 * kKiB);
+  EXPECT_EQ(s.used_bytes, kCharge);
   EXPECT_EQ(s.pinned_experts, 0u);
   Use(*cache, model, 0, 1);  // and then it works
   EXPECT_EQ(cache->stats().resident_experts, 2u);
@@ -508,7 +553,8 @@ TEST(ExpertCache, PoolTooSmallForOneExpert) {
   ASSERT_FALSE(cache.ok());
   EXPECT_EQ(cache.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(cache.status().message().find("65536"), std::string::npos) << cache.status();
-  EXPECT_NE(cache.status().message().find("131072"), std::string::npos) << cache.status();
+  EXPECT_NE(cache.status().message().find(std::to_string(kCharge)), std::string::npos)
+      << cache.status();
 }
 
 TEST(ExpertCache, OutsideTheDirectoryIsInvalidArgument) {

@@ -117,7 +117,7 @@ TEST(HotSet, CacheSavesTheMostUsedAndPreloadsThemUpToTheBudget) {
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(loaded, 2u);
   EXPECT_FALSE((*cache2)->IsResident(1, 2));
-  EXPECT_EQ((*cache2)->stats().used_bytes, 2 * 128 * kKiB);
+  EXPECT_EQ((*cache2)->stats().used_bytes, 2 * ExpertCache::ChargeBytes(104448));
 }
 
 }  // namespace

@@ -216,7 +216,7 @@ TEST_F(ExpertCacheDeadline, DroppingQueuedPrefetchesDuringAHeldUpReadIsPrompt) {
   const ExpertCacheStats s = cache->stats();
   EXPECT_EQ(s.prefetch_cancelled, 7u);
   EXPECT_EQ(s.loads_in_flight, 1u);  // the read held up
-  EXPECT_EQ(s.used_bytes, 128u << 10);
+  EXPECT_EQ(s.used_bytes, ExpertCache::ChargeBytes(cache->directory().info(0, 0).runtime_bytes));
   EXPECT_EQ(cache->loader().queued(), 0u);
   // The one in flight still lands; everything else loads on demand as usual.
   gate_.Open();
@@ -260,7 +260,8 @@ TEST_F(ExpertCacheDeadline, AcquirePastTheDeadlineReadsHereBitForBit) {
   EXPECT_FALSE(cache->IsResident(1, 2));
   EXPECT_EQ(s.loads_in_flight, 0u);
   EXPECT_EQ(s.resident_experts, 2u);
-  EXPECT_EQ(s.used_bytes, 2u * (128 << 10));
+  EXPECT_EQ(s.used_bytes,
+            2 * ExpertCache::ChargeBytes(cache->directory().info(0, 0).runtime_bytes));
 }
 
 TEST(ExpertCacheDestroy, WithAHeldUpReadAndQueuedPrefetchesIsPrompt) {

@@ -137,27 +137,79 @@ TEST(TieredPoolTest, WarmExpertBlocksAreReusedInPlace) {
 TEST(TieredPoolTest, ExpertCommitAndGiveBackAreObservable) {
   auto pool = MakePool(0, 16 * kMiB, 0);
   ASSERT_NE(pool, nullptr);
-  auto block = pool->AllocateExpert(3 * kMiB);
+  // 3 MiB and one byte: a 4 MiB block, of which the pages of the bytes asked for are
+  // committed and charged.
+  const uint64_t bytes = 3 * kMiB + 1;
+  const uint64_t pages = 3 * kMiB + kPage;
+  auto block = pool->AllocateExpert(bytes);
   ASSERT_TRUE(block.ok()) << block.status();
   EXPECT_EQ(block->size, 4 * kMiB);
-  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, pages);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, pages);
   EXPECT_EQ(pool->stats(Tier::kExpert).used, 4 * kMiB);
   uint8_t* data = pool->ExpertData(block->offset);
-  EXPECT_RESIDENT(data, block->size, 0u);  // committed, not yet touched
-  std::memset(data, 0xab, block->size);
-  EXPECT_RESIDENT(data, block->size, block->size / kPage);
+  EXPECT_RESIDENT(data, pages, 0u);  // committed, not yet touched
+  std::memset(data, 0xab, pages);
+  EXPECT_RESIDENT(data, pages, pages / kPage);
   const uint64_t offset = block->offset;
   pool->FreeExpert(offset);
   EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 0u);
   EXPECT_EQ(pool->stats(Tier::kExpert).used, 0u);
-  EXPECT_EQ(pool->stats(Tier::kExpert).peak_committed, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).peak_committed, pages);
   EXPECT_RESIDENT(data, 4 * kMiB, 0u);  // given back
   // The same range again reads as fresh zeros.
   auto again = pool->AllocateExpert(4 * kMiB);
   ASSERT_TRUE(again.ok());
   ASSERT_EQ(again->offset, offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 4 * kMiB);
   EXPECT_EQ(data[0], 0);
   EXPECT_EQ(data[4 * kMiB - 1], 0);
+}
+
+// A warm block reused by a smaller or a larger expert commits or gives back the
+// difference, and a move copies and commits only the committed bytes.
+TEST(TieredPoolTest, WarmReuseAndMovesKeepToTheBytesAskedFor) {
+  auto pool = MakePool(0, 16 * kMiB, 0);
+  ASSERT_NE(pool, nullptr);
+  auto block = pool->AllocateExpert(3 * kMiB);
+  ASSERT_TRUE(block.ok()) << block.status();
+  std::memset(pool->ExpertData(block->offset), 0x5a, 3 * kMiB);
+  pool->FreeExpert(block->offset, /*keep_pages=*/true);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 0u);
+  EXPECT_EQ(pool->warm_expert_bytes(), 3 * kMiB);
+  auto smaller = pool->AllocateExpert(2 * kMiB + kPage);
+  ASSERT_TRUE(smaller.ok());
+  ASSERT_EQ(smaller->offset, block->offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 2 * kMiB + kPage);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 2 * kMiB + kPage);
+  EXPECT_EQ(pool->ExpertData(smaller->offset)[2 * kMiB], 0x5a);  // kept, not fresh
+  pool->FreeExpert(smaller->offset, /*keep_pages=*/true);
+  auto larger = pool->AllocateExpert(4 * kMiB);
+  ASSERT_TRUE(larger.ok());
+  ASSERT_EQ(larger->offset, block->offset);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 4 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 4 * kMiB);
+  EXPECT_EQ(pool->ExpertData(larger->offset)[0], 0x5a);
+  EXPECT_EQ(pool->ExpertData(larger->offset)[4 * kMiB - 1], 0);  // a page committed afresh
+  pool->FreeExpert(larger->offset);
+  ASSERT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+
+  // A move: the committed bytes travel, the rest of the destination stays uncommitted.
+  auto a = pool->AllocateExpert(3 * kMiB);
+  ASSERT_TRUE(a.ok());
+  std::memset(pool->ExpertData(a->offset), 0x77, 3 * kMiB);
+  const uint64_t to = a->offset == 0 ? 8 * kMiB : 0;
+  ASSERT_TRUE(pool->MoveExpert(a->offset, to).ok());
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 3 * kMiB);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 3 * kMiB);
+  EXPECT_EQ(pool->ExpertData(to)[0], 0x77);
+  EXPECT_EQ(pool->ExpertData(to)[3 * kMiB - 1], 0x77);
+  EXPECT_RESIDENT(pool->ExpertData(to), 3 * kMiB, 3 * kMiB / kPage);
+  EXPECT_RESIDENT(pool->ExpertData(a->offset), 4 * kMiB, 0u);
+  pool->FreeExpert(to);
+  EXPECT_EQ(pool->stats(Tier::kExpert).committed, 0u);
+  EXPECT_EQ(pool->stats(Tier::kExpert).charged, 0u);
 }
 
 TEST(TieredPoolTest, ExpertBudgetErrorNamesTierRequestAndFree) {

@@ -194,15 +194,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ExpertPool, PoolTooSmallForOneTokensExpertsIsALoadError) {
   ModelLoadOptions options = Options();
-  options.expert_pool_bytes = 256 << 10;  // one Q4_0 expert (a 256 KiB block)
+  options.expert_pool_bytes = 256 << 10;  // one Q4_0 expert (221184 bytes of pages)
   auto model = Model::Load(File("tiny-moe-shakespeare-q4_0.gguf"), options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string message(model.status().message());
-  EXPECT_NE(message.find("expert pool of 262144 bytes holds 1 experts"), std::string::npos)
+  EXPECT_NE(message.find("expert pool of 221184 bytes holds 1 experts (221184 bytes each)"),
+            std::string::npos)
       << message;
   EXPECT_NE(message.find("needs 2 experts"), std::string::npos) << message;
-  EXPECT_NE(message.find("524288 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("442368 bytes"), std::string::npos) << message;
 }
 
 TEST(ExpertPool, BudgetBelowThePersistentPartIsALoadError) {
@@ -226,12 +227,17 @@ TEST(ExpertPool, BudgetSizesThePool) {
   ASSERT_NE(full, nullptr);
   const MemoryStats m = full->memory_stats();
   EXPECT_EQ(m.pool.capacity_experts, 32u);
-  EXPECT_EQ(m.all_experts_bytes, 32u * (512 << 10));
+  // The budget counts an expert's pages, not its 512 KiB block.
+  const uint64_t charge = m.pool.charge_bytes;
+  EXPECT_EQ(m.pool.block_bytes, 512u << 10);
+  EXPECT_GT(charge, 384u << 10);
+  EXPECT_LT(charge, 512u << 10);
+  EXPECT_EQ(m.all_experts_bytes, 32u * charge);
   EXPECT_EQ(m.experts_per_token, 2u);
   // A budget that leaves room for 5 experts and a little more.
   const uint64_t fixed = m.persistent_bytes + m.kv_cache_bytes + m.scratch_bytes;
   options = Options();
-  options.memory_budget_bytes = fixed + 5 * (512 << 10) + 1000;
+  options.memory_budget_bytes = fixed + 5 * charge + 1000;
   std::unique_ptr<Model> model = Load(name, options);
   ASSERT_NE(model, nullptr);
   const MemoryStats s = model->memory_stats();
@@ -241,11 +247,12 @@ TEST(ExpertPool, BudgetSizesThePool) {
   EXPECT_EQ(got.tokens, Reference(name).tokens);
   EXPECT_TRUE(SameBits(got.decode, Reference(name).decode));
   // Pool and budget together must fit.
-  options.expert_pool_bytes = 6 * (512 << 10);
+  options.expert_pool_bytes = 6 * charge;
   auto too_big = Model::Load(File(name), options);
   ASSERT_FALSE(too_big.ok());
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(too_big.status().message().find("cannot hold an expert pool of 3145728 bytes"),
+  EXPECT_NE(too_big.status().message().find("cannot hold an expert pool of " +
+                                            std::to_string(6 * charge) + " bytes"),
             std::string::npos)
       << too_big.status();
 }

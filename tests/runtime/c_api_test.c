@@ -242,6 +242,10 @@ static void check_app_integration(const char* model_path, const char* q8_path) {
     CHECK(q8_size > 0 && q8_fd >= 0);
     CHECK_STATUS(moert_runtime_set_expert_pool_fraction(runtime, 0.3), MOERT_OK);
     CHECK_STATUS(moert_runtime_set_hot_set(runtime, 0), MOERT_OK);
+    /* The residency penalty off: with prefetch on, which experts are resident when a layer
+     * routes depends on when the reads finish, and the penalty would let that timing pick
+     * the tokens. */
+    CHECK_STATUS(moert_runtime_set_router_alpha(runtime, 0.0f), MOERT_OK);
     CHECK_STATUS(moert_runtime_load_model(runtime, q8_path, NULL, NULL), MOERT_OK);
     n_path = greedy_ids(runtime, by_path, path_text, sizeof(path_text));
     CHECK(n_path == 32);

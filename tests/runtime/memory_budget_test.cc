@@ -70,7 +70,9 @@ TEST(MemoryBudgetTest, PoolGivesTheSameTokensAndReportsItsFigures) {
     ASSERT_NE(pooled, nullptr);
     EXPECT_EQ(GreedyTokens(*pooled, 24), want) << "io mode " << static_cast<int>(io);
     const GenerationStats s = pooled->Stats();
-    EXPECT_EQ(s.expert_pool_bytes, 2 << 20);  // 8 of the 32 experts' 256 KiB blocks
+    // 8 of the 32 experts: each 221184 bytes of pages (the budget's charge), in a 256 KiB
+    // block.
+    EXPECT_EQ(s.expert_pool_bytes, 8 * 221184);
     EXPECT_GT(s.budget_bytes, s.expert_pool_bytes);
     EXPECT_GT(s.expert_pool_used_bytes, 0);
     EXPECT_EQ(s.expert_pool_used_bytes + s.expert_pool_free_bytes, s.expert_pool_bytes);

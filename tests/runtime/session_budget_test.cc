@@ -24,6 +24,10 @@ const std::string kQ4Model =
 constexpr int64_t kMiB = int64_t{1} << 20;
 // The tiny model's KV cache: 4 layers of 128 key and 128 value floats per position.
 constexpr int64_t kKvBytesPerPosition = 4 * (128 + 128) * 4;
+// What the budget charges for one of its experts: its 54 pages (in a 256 KiB block).
+// A pool is a whole number of them.
+constexpr int64_t kCharge = 221184;
+constexpr int64_t Charges(int64_t bytes) { return bytes / kCharge * kCharge; }
 
 RuntimeOptions Options(int context_length, int64_t pool_bytes) {
   RuntimeOptions options;
@@ -137,7 +141,9 @@ TEST(SessionBudgetTest, ShrinkPoolForSessionsTakesFromThePoolDownToItsFloor) {
   RuntimeOptions options = Options(kContext, 4 * kMiB);
   options.memory_budget_bytes = base + kContext * kKvBytesPerPosition;  // one session
   options.shrink_pool_for_sessions = true;
-  options.expert_pool_floor_bytes = 2 * kMiB;
+  // What the pool keeps when a second session's 2 MiB come out of it.
+  const int64_t shrunk = Charges(Charges(4 * kMiB) - 2 * kMiB);
+  options.expert_pool_floor_bytes = shrunk;
 
   auto reference_runtime = Loaded(Options(kContext, 0));
   ASSERT_NE(reference_runtime, nullptr);
@@ -149,13 +155,13 @@ TEST(SessionBudgetTest, ShrinkPoolForSessionsTakesFromThePoolDownToItsFloor) {
   auto a = NewSession(*runtime);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(GenerateOn(*a, "JULIET:", 12), want);
-  EXPECT_EQ(a->Stats().expert_pool_bytes, 4 * kMiB);
+  EXPECT_EQ(a->Stats().expert_pool_bytes, Charges(4 * kMiB));
 
   auto b = NewSession(*runtime);  // takes 2 MiB from the pool
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(GenerateOn(*b, "JULIET:", 12), want);  // outputs do not depend on the pool's size
-  EXPECT_EQ(b->Stats().expert_pool_bytes, 2 * kMiB);
-  EXPECT_LE(b->Stats().expert_pool_used_bytes, 2 * kMiB);
+  EXPECT_EQ(b->Stats().expert_pool_bytes, shrunk);
+  EXPECT_LE(b->Stats().expert_pool_used_bytes, shrunk);
 
   std::unique_ptr<Session> c;
   const Status refused = runtime->CreateSession(&c);  // the pool is at its floor
@@ -165,7 +171,7 @@ TEST(SessionBudgetTest, ShrinkPoolForSessionsTakesFromThePoolDownToItsFloor) {
   b.reset();  // the pool grows back
   a->Reset();
   EXPECT_EQ(GenerateOn(*a, "JULIET:", 12), want);
-  EXPECT_EQ(a->Stats().expert_pool_bytes, 4 * kMiB);
+  EXPECT_EQ(a->Stats().expert_pool_bytes, Charges(4 * kMiB));
 }
 
 TEST(SessionBudgetTest, TheDefaultContextIsWhatFits) {
@@ -226,7 +232,7 @@ TEST(SessionBudgetTest, TrimShrinksThePoolAndFreesIdleSessionsWithoutChangingThe
   auto session = NewSession(*runtime);
   EXPECT_EQ(GenerateOn(*session, "KING:", 10), first);
   const int context = static_cast<int>(session->context_tokens().size());
-  EXPECT_EQ(session->Stats().expert_pool_bytes, 4 * kMiB);
+  EXPECT_EQ(session->Stats().expert_pool_bytes, Charges(4 * kMiB));
   EXPECT_GT(session->Stats().expert_pool_used_bytes, 2 * kMiB);
 
   // Complete: the pool to its floor at once (no step runs), the idle session's cache freed.
@@ -234,16 +240,16 @@ TEST(SessionBudgetTest, TrimShrinksThePoolAndFreesIdleSessionsWithoutChangingThe
   EXPECT_EQ(GenerateOn(*session, " the", 10), second);  // its context evaluated again
   EXPECT_EQ(session->Stats().cached_tokens, 0);
   EXPECT_GE(session->Stats().prefill_tokens, context);
-  EXPECT_EQ(session->Stats().expert_pool_bytes, 2 * kMiB);
-  EXPECT_LE(session->Stats().expert_pool_used_bytes, 2 * kMiB);
+  EXPECT_EQ(session->Stats().expert_pool_bytes, Charges(2 * kMiB));
+  EXPECT_LE(session->Stats().expert_pool_used_bytes, Charges(2 * kMiB));
 
   // A moderate level caps at 75%; none lifts the cap.
   ASSERT_TRUE(runtime->TrimMemory(static_cast<int>(TrimLevel::kRunningModerate)).ok());
   GenerateOn(*session, " a", 2);
-  EXPECT_EQ(session->Stats().expert_pool_bytes, 3 * kMiB);
+  EXPECT_EQ(session->Stats().expert_pool_bytes, Charges(Charges(4 * kMiB) * 3 / 4));
   ASSERT_TRUE(runtime->TrimMemory(static_cast<int>(TrimLevel::kNone)).ok());
   GenerateOn(*session, " a", 2);
-  EXPECT_EQ(session->Stats().expert_pool_bytes, 4 * kMiB);
+  EXPECT_EQ(session->Stats().expert_pool_bytes, Charges(4 * kMiB));
   EXPECT_GT(session->Stats().cached_tokens, 0);  // trims below Complete keep the cache
 }
 
@@ -285,8 +291,9 @@ TEST(SessionBudgetTest, PeakRssStaysWithinTheBudgetWhileTwoLongSessionsGenerateI
   }
   constexpr int kContext = 4096;  // 16 MiB of KV cache a session
   RuntimeOptions options = Options(kContext, 0);
-  // Weights and scratch about 23 MiB, 2 sessions of 16 MiB; the pool gets the rest.
-  options.memory_budget_bytes = 72 * kMiB;
+  // Weights and scratch about 39 MiB (16 of them the runtime's allowance), 2 sessions
+  // of 16 MiB; the pool gets the rest.
+  options.memory_budget_bytes = 88 * kMiB;
   options.shrink_pool_for_sessions = true;
   const Rss before = ReadRss();
   auto runtime = Loaded(options);
