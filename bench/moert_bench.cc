@@ -720,6 +720,7 @@ struct TestResult {
   uint64_t streamed_hidden = 0;    // of those, in before their turn
   uint64_t prefetch_cancelled = 0; // prefetches dropped unread (the layer routed elsewhere)
   uint64_t prefetch_backed_off = 0;
+  uint64_t prefetch_io_busy = 0;  // layers whose speculation the busy reads held back
   // The decode roofline (decode_roofline.h); roofline_tps and roofline_fraction are 0
   // for a prefill test, whose tokens share their weight reads.
   double weight_bytes_per_token = 0;
@@ -873,6 +874,7 @@ class Bench {
           predicted > 0 ? static_cast<double>(correct) / static_cast<double>(predicted) : 0;
       r.prefetch_recall = used > 0 ? static_cast<double>(correct) / static_cast<double>(used) : 0;
       r.prefetch_backed_off = pa.backed_off - pb.backed_off;
+      r.prefetch_io_busy = pa.io_busy - pb.io_busy;
     }
     if (const moert::router::Router* router = model_.router(); router != nullptr) {
       const moert::router::RouterStats& s = router->stats();
@@ -1460,14 +1462,15 @@ int Run(const Params& p) {
         if (result->prefetch) {
           std::fprintf(stderr,
                        "%s: %s: prefetch depth %d: precision %.3f, recall %.3f, %llu loads hidden, "
-                       "%llu waited for, %llu backed off, %llu cancelled; %llu misses "
-                       "streamed, %llu of them in before their turn\n",
+                       "%llu waited for, %llu backed off, %llu cancelled, %llu held back "
+                       "(reads busy); %llu misses streamed, %llu of them in before their turn\n",
                        kTool, name.c_str(), result->prefetch_depth, result->prefetch_precision,
                        result->prefetch_recall,
                        static_cast<unsigned long long>(result->loads_hidden),
                        static_cast<unsigned long long>(result->loads_waited),
                        static_cast<unsigned long long>(result->prefetch_backed_off),
                        static_cast<unsigned long long>(result->prefetch_cancelled),
+                       static_cast<unsigned long long>(result->prefetch_io_busy),
                        static_cast<unsigned long long>(result->loads_streamed),
                        static_cast<unsigned long long>(result->streamed_hidden));
         }

@@ -202,6 +202,7 @@ class Loader {
   unsigned read_queue_depth() const { return read_queue_depth_; }
   uint64_t read_chunk_bytes() const { return read_chunk_bytes_; }
   uint64_t staging_bytes() const { return staging_bytes_ * staging_.size(); }  // all threads'
+  size_t io_threads() const { return threads_.size(); }
   LoaderStats stats() const;
 
   // Test hook: the next `times` loads of (layer, expert) meet `fault`.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "telemetry/platform.h"
 #include "telemetry/trace.h"
 
 namespace moert::pipeline {
@@ -22,7 +23,18 @@ Prefetcher::Prefetcher(experts::ExpertCache* cache, int n_layer, int n_expert, i
   if (metrics != nullptr) metrics_.emplace(*metrics);
 }
 
-void Prefetcher::BeginStep() { std::fill(has_prediction_.begin(), has_prediction_.end(), false); }
+void Prefetcher::BeginStep() {
+  std::fill(has_prediction_.begin(), has_prediction_.end(), false);
+  const uint64_t now = telemetry::NowNs();
+  const uint64_t busy = cache_->loader().stats().busy_ns;
+  const uint64_t threads = std::max<uint64_t>(cache_->loader().io_threads(), 1);
+  if (step_start_ns_ > 0 && now > step_start_ns_) {
+    const double wall = static_cast<double>(now - step_start_ns_) * static_cast<double>(threads);
+    gate_.Update(std::min(1.0, static_cast<double>(busy - step_start_busy_ns_) / wall));
+  }
+  step_start_ns_ = now;
+  step_start_busy_ns_ = busy;
+}
 
 void Prefetcher::OnRouted(int layer, int64_t n, int slots, const int* experts) {
   if (layer < 0 || layer >= n_layer_ || !has_prediction_[static_cast<size_t>(layer)]) return;
@@ -86,6 +98,11 @@ void Prefetcher::Issue(int layer) {
   if (capacity < 2 * static_cast<uint64_t>(n_used_)) {
     telemetry::TraceInstant("prefetch backed off", "layer", layer);
     ++stats_.backed_off;  // no room for two slots: prefetch would evict the current layer's
+    return;
+  }
+  if (!gate_.open()) {
+    telemetry::TraceInstant("prefetch held back", "layer", layer);
+    ++stats_.io_busy;  // the reads are what the steps wait for: no speculation on top
     return;
   }
   const uint64_t cap = capacity / static_cast<uint64_t>(depth_ + 1);

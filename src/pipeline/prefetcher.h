@@ -20,6 +20,13 @@
 // not started: the model then cancels it when the layer routes elsewhere), never a
 // different output: the experts computed are the ones the router chose.
 //
+// Speculation only into idle reads (SpeculationGate): when the loader's threads were
+// busy for most of the last step, the disk is what a token waits for, and a prediction
+// can only add bytes to it (about a quarter of them wrong), so Issue holds back
+// (counted: io_busy) until the reads leave room again. The misses of a layer still
+// stream (the MoE scheduler's StartLoad), which is where most of prefetch's gain lies
+// on a slow disk.
+//
 // The other half of the pipeline is the MoE scheduler (pipeline/moe_scheduler.h,
 // RunPooledHost): with prefetch on, a layer's misses all start loading at once
 // (ExpertCache::StartLoad, ahead of the prefetches) and each expert computes as soon as
@@ -46,6 +53,7 @@ struct PrefetchStats {
   uint64_t issued = 0;       // prefetch loads started
   uint64_t backed_off = 0;   // layers whose prefetch stopped: pool too small for two
                              // slots, or no block the cache would give
+  uint64_t io_busy = 0;      // layers whose prefetch was held back: the reads were busy
 
   double precision() const {
     return predicted == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(predicted);
@@ -53,6 +61,28 @@ struct PrefetchStats {
   double recall() const {
     return used == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(used);
   }
+};
+
+// Whether speculative loads may go out, from how busy the loader's threads were over
+// the last step (busy time / (wall time * threads), in [0, 1]): closed at close_at and
+// above, open again only below open_below (hysteresis: the speculation's own reads
+// raise the figure, and without it the gate would flap every other step).
+class SpeculationGate {
+ public:
+  explicit SpeculationGate(double close_at = 0.9, double open_below = 0.6)
+      : close_at_(close_at), open_below_(open_below) {}
+  // Takes one step's utilization; returns open().
+  bool Update(double utilization) {
+    if (open_ && utilization >= close_at_) open_ = false;
+    if (!open_ && utilization < open_below_) open_ = true;
+    return open_;
+  }
+  bool open() const { return open_; }
+
+ private:
+  double close_at_;
+  double open_below_;
+  bool open_ = true;
 };
 
 class Prefetcher {
@@ -64,7 +94,8 @@ class Prefetcher {
 
   int depth() const { return depth_; }
 
-  // A new forward pass: predictions of the last one are dropped unscored.
+  // A new forward pass: predictions of the last one are dropped unscored, and the last
+  // step's read utilization updates the speculation gate.
   void BeginStep();
   // Scores the prediction made for `layer` in this pass (if any) against the experts
   // its router chose: n tokens of `slots` experts (-1: an empty slot).
@@ -85,6 +116,9 @@ class Prefetcher {
   std::vector<std::vector<int>> predicted_;  // per layer, most probable first
   std::vector<bool> has_prediction_;
   std::vector<float> score_;  // scratch, n_expert
+  SpeculationGate gate_;
+  uint64_t step_start_ns_ = 0;  // 0: no step yet
+  uint64_t step_start_busy_ns_ = 0;
   PrefetchStats stats_;
   std::optional<telemetry::PrefetchMetrics> metrics_;
 };

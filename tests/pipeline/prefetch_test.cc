@@ -31,6 +31,7 @@
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/perplexity.h"
+#include "pipeline/prefetcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moert::model {
@@ -193,6 +194,27 @@ INSTANTIATE_TEST_SUITE_P(
                   : "_" + std::to_string(static_cast<int>(test.param.fraction * 100)) + "pct") +
              "_protect" + std::to_string(test.param.protect_steps);
     });
+
+// The speculation gate: open until a step's reads kept the loader's threads busy for
+// 90% of it, then closed until a step below 60% (its own reads would otherwise reopen
+// and close it every other step).
+TEST(Prefetch, SpeculationGateClosesOnBusyReadsWithHysteresis) {
+  pipeline::SpeculationGate gate;
+  EXPECT_TRUE(gate.open());
+  EXPECT_TRUE(gate.Update(0.0));
+  EXPECT_TRUE(gate.Update(0.89));
+  EXPECT_FALSE(gate.Update(0.9));
+  EXPECT_FALSE(gate.Update(0.75));  // between the thresholds: stays as it was
+  EXPECT_FALSE(gate.Update(0.6));
+  EXPECT_TRUE(gate.Update(0.59));
+  EXPECT_TRUE(gate.Update(0.75));  // between the thresholds again: stays open
+  EXPECT_FALSE(gate.Update(1.0));
+  EXPECT_FALSE(gate.open());
+  pipeline::SpeculationGate custom(0.5, 0.2);
+  EXPECT_FALSE(custom.Update(0.5));
+  EXPECT_FALSE(custom.Update(0.3));
+  EXPECT_TRUE(custom.Update(0.1));
+}
 
 TEST(Prefetch, SlowLoaderPrefetchedLoadsAreUsed) {
   Watchdog watchdog(300);
