@@ -155,6 +155,67 @@ struct W4 {
   }
 };
 
+// W4 for a GEMM (two or more activation rows): the 8 rows of a tile in the 8 dword lanes
+// (order 0,2,4,6,1,3,5,7), one register per step of 4 columns: step t < 4 holds each
+// row's low nibbles of qs bytes 4t..4t+3 (columns 4t..4t+3), step t >= 4 the high
+// nibbles of bytes 4(t-4).. (columns 16 + 4(t-4)..), which activation dword t (a.qs +
+// 4t) multiplies. One maddubs per step against that dword broadcast adds each row's 4
+// products in the lane's two int16 halves, so the block needs no horizontal sums: the 8
+// steps' int16 sums stay below 2^15 (each half sums 16 products of at most 15 * 127, at
+// most 30480 in magnitude) and one madd makes each row's int32 sum, exact, as W4's. The
+// rearrangement (8 unpacks) is made once per block and serves every activation row.
+struct W4Steps {
+  using Block = moert_w4_block;
+  using Lanes = LaneOrder02461357;
+  struct Prepared {
+    __m256i step[8];
+    __m256 d;
+  };
+  static MOERT_AVX2_INLINE Prepared Prepare(const Block& b) {
+    // v[p]: rows 2p (low lane) and 2p+1 (high lane), dwords 0..3 of each.
+    __m256i v[4];
+    MOERT_AVX2_UNROLL
+    for (int p = 0; p < 4; ++p) {
+      v[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs[2 * p]));
+    }
+    // Lanes (r0 r2 | r1 r3) of dwords 0, 1 and 2, 3; then (r4 r6 | r5 r7).
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+    const __m256i t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+    const __m256i t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    // Dword s of rows 0,2,4,6 | 1,3,5,7.
+    const __m256i raw[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                            _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    Prepared w;
+    MOERT_AVX2_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      w.step[s] = _mm256_and_si256(raw[s], mask);
+      w.step[s + 4] = _mm256_and_si256(_mm256_srli_epi16(raw[s], 4), mask);
+    }
+    w.d = LoadHalfs(b.d, Lanes::HalfOrder());
+    return w;
+  }
+  static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
+                                             const moert_a8_block& a) {
+    // Activation dword t in every lane: a vpbroadcastd from memory.
+    typedef int32_t Dword __attribute__((aligned(1), may_alias));
+    const auto dword = [&a](int t) {
+      return _mm256_set1_epi32(*reinterpret_cast<const Dword*>(a.qs + 4 * t));
+    };
+    __m256i even = _mm256_maddubs_epi16(w.step[0], dword(0));
+    __m256i odd = _mm256_maddubs_epi16(w.step[1], dword(1));
+    MOERT_AVX2_UNROLL
+    for (int t = 2; t < 8; t += 2) {
+      even = _mm256_add_epi16(even, _mm256_maddubs_epi16(w.step[t], dword(t)));
+      odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(w.step[t + 1], dword(t + 1)));
+    }
+    const __m256i sums = _mm256_madd_epi16(_mm256_add_epi16(even, odd), _mm256_set1_epi16(1));
+    // sum (q - 8) * a = sum q * a - 8 * a.s, exactly.
+    return AddScaled(acc, _mm256_sub_epi32(sums, _mm256_set1_epi32(a.s * 8)), w.d, a.d);
+  }
+};
+
 struct W4M {
   using Block = moert_w4m_block;
   using Lanes = LaneOrder02461357;
