@@ -76,6 +76,14 @@ MOERT_AVX2_INLINE __m256 AddOffset(__m256 acc, __m256 m, const moert_a8_block& a
   return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(a.s)), offset));
 }
 
+// Activation dword t of a block (its values 4t..4t+3), read in place: a set1 of it
+// becomes a vpbroadcastd from memory (integer domain: a vbroadcastss feeding vpdpbusd
+// was 1.25x slower on Zen 4).
+MOERT_AVX2_INLINE int32_t ActivationDword(const moert_a8_block& a, int t) {
+  typedef int32_t Dword __attribute__((aligned(1), may_alias));
+  return *reinterpret_cast<const Dword*>(a.qs + 4 * t);
+}
+
 // Both 16-byte halves of a 32-value activation block, each broadcast to both lanes.
 MOERT_AVX2_INLINE __m256i BroadcastLo(const moert_a8_block& a) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.qs)));
@@ -198,11 +206,7 @@ struct W4Steps {
   }
   static MOERT_AVX2_INLINE __m256 Accumulate(__m256 acc, const Prepared& w,
                                              const moert_a8_block& a) {
-    // Activation dword t in every lane: a vpbroadcastd from memory.
-    typedef int32_t Dword __attribute__((aligned(1), may_alias));
-    const auto dword = [&a](int t) {
-      return _mm256_set1_epi32(*reinterpret_cast<const Dword*>(a.qs + 4 * t));
-    };
+    const auto dword = [&a](int t) { return _mm256_set1_epi32(ActivationDword(a, t)); };
     __m256i even = _mm256_maddubs_epi16(w.step[0], dword(0));
     __m256i odd = _mm256_maddubs_epi16(w.step[1], dword(1));
     MOERT_AVX2_UNROLL

@@ -336,13 +336,8 @@ MOERT_AVX2_INLINE W4PairSteps PrepareW4Pair(const moert_w4_block& ta, const moer
 // acc + (float)(sum (q - 8) * a) * (d * a.d), per row of the pair (W4x512's steps).
 MOERT_AVX2_INLINE __m512 AccumulateW4Pair(__m512 acc, const W4PairSteps& w,
                                           const moert_a8_block& a) {
-  // Activation dword t in every lane: a set1 of a dword read in place, which becomes a
-  // vpbroadcastd from memory (integer domain: a vbroadcastss feeding vpdpbusd was 1.25x
-  // slower on Zen 4).
-  typedef int32_t Dword __attribute__((aligned(1), may_alias));
-  const auto dword = [&a](int t) {
-    return _mm512_set1_epi32(*reinterpret_cast<const Dword*>(a.qs + 4 * t));
-  };
+  // Activation dword t in every lane (avx2::ActivationDword: a vpbroadcastd from memory).
+  const auto dword = [&a](int t) { return _mm512_set1_epi32(avx2::ActivationDword(a, t)); };
   // The offset -8 * a.s rides in the first sum's start value (exact int32 either way).
   __m512i even = _mm512_set1_epi32(-8 * a.s);
   __m512i odd = _mm512_setzero_si512();
