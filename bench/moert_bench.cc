@@ -720,7 +720,7 @@ struct TestResult {
   uint64_t streamed_hidden = 0;    // of those, in before their turn
   uint64_t prefetch_cancelled = 0; // prefetches dropped unread (the layer routed elsewhere)
   uint64_t prefetch_backed_off = 0;
-  uint64_t prefetch_io_busy = 0;  // layers whose speculation the busy reads held back
+  uint64_t prefetch_io_busy = 0;  // layers whose speculation the busy reads narrowed
   // The decode roofline (decode_roofline.h); roofline_tps and roofline_fraction are 0
   // for a prefill test, whose tokens share their weight reads.
   double weight_bytes_per_token = 0;
@@ -1462,7 +1462,7 @@ int Run(const Params& p) {
         if (result->prefetch) {
           std::fprintf(stderr,
                        "%s: %s: prefetch depth %d: precision %.3f, recall %.3f, %llu loads hidden, "
-                       "%llu waited for, %llu backed off, %llu cancelled, %llu held back "
+                       "%llu waited for, %llu backed off, %llu cancelled, %llu narrowed "
                        "(reads busy); %llu misses streamed, %llu of them in before their turn\n",
                        kTool, name.c_str(), result->prefetch_depth, result->prefetch_precision,
                        result->prefetch_recall,

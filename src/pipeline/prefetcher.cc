@@ -100,12 +100,18 @@ void Prefetcher::Issue(int layer) {
     ++stats_.backed_off;  // no room for two slots: prefetch would evict the current layer's
     return;
   }
+  uint64_t cap = capacity / static_cast<uint64_t>(depth_ + 1);
   if (!gate_.open()) {
-    telemetry::TraceInstant("prefetch held back", "layer", layer);
-    ++stats_.io_busy;  // the reads are what the steps wait for: no speculation on top
-    return;
+    // The reads are what the steps wait for: only the top quarter of the ranks, which
+    // are nearly always right, goes on top of them.
+    ++stats_.io_busy;
+    cap = std::min(cap, static_cast<uint64_t>(n_used_ / 4));
+    if (cap == 0) {
+      telemetry::TraceInstant("prefetch held back", "layer", layer);
+      return;
+    }
+    telemetry::TraceInstant("prefetch narrowed", "layer", layer);
   }
-  const uint64_t cap = capacity / static_cast<uint64_t>(depth_ + 1);
   uint64_t taken = 0;
   for (int e : predicted_[static_cast<size_t>(layer)]) {
     if (taken >= cap) break;

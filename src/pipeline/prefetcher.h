@@ -20,12 +20,14 @@
 // not started: the model then cancels it when the layer routes elsewhere), never a
 // different output: the experts computed are the ones the router chose.
 //
-// Speculation only into idle reads (SpeculationGate): when the loader's threads were
-// busy for most of the last step, the disk is what a token waits for, and a prediction
-// can only add bytes to it (about a quarter of them wrong), so Issue holds back
-// (counted: io_busy) until the reads leave room again. The misses of a layer still
-// stream (the MoE scheduler's StartLoad), which is where most of prefetch's gain lies
-// on a slow disk.
+// Speculation narrowed while the reads are busy (SpeculationGate): when the loader's
+// threads were busy for most of the last step, the disk is what a token waits for, and
+// a wrong prediction (about a quarter of them) only adds bytes to it. Issue then keeps
+// to the top quarter of the ranks (k / 4 experts; none for k < 4), which are nearly
+// always right and fill the reads' idle gap between two layers' misses (counted:
+// io_busy), until the reads leave room again. The misses of a layer still stream (the
+// MoE scheduler's StartLoad), which is where most of prefetch's gain lies on a slow
+// disk.
 //
 // The other half of the pipeline is the MoE scheduler (pipeline/moe_scheduler.h,
 // RunPooledHost): with prefetch on, a layer's misses all start loading at once
@@ -53,7 +55,8 @@ struct PrefetchStats {
   uint64_t issued = 0;       // prefetch loads started
   uint64_t backed_off = 0;   // layers whose prefetch stopped: pool too small for two
                              // slots, or no block the cache would give
-  uint64_t io_busy = 0;      // layers whose prefetch was held back: the reads were busy
+  uint64_t io_busy = 0;      // layers whose prefetch the busy reads narrowed to its top
+                             // ranks (or held back, for k < 4)
 
   double precision() const {
     return predicted == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(predicted);
