@@ -46,7 +46,11 @@ void Prefetcher::OnRouted(int layer, int64_t n, int slots, const int* experts) {
   const std::vector<int>& predicted = predicted_[static_cast<size_t>(layer)];
   const uint64_t chosen = static_cast<uint64_t>(std::count(used.begin(), used.end(), true));
   uint64_t correct = 0;
-  for (int e : predicted) correct += used[static_cast<size_t>(e)] ? 1 : 0;
+  for (size_t r = 0; r < predicted.size(); ++r) {
+    const bool right = used[static_cast<size_t>(predicted[r])];
+    correct += right ? 1 : 0;
+    ranks_.Record(static_cast<int>(r), right);
+  }
   ++stats_.predictions;
   stats_.predicted += predicted.size();
   stats_.used += chosen;
@@ -102,10 +106,10 @@ void Prefetcher::Issue(int layer) {
   }
   uint64_t cap = capacity / static_cast<uint64_t>(depth_ + 1);
   if (!gate_.open()) {
-    // The reads are what the steps wait for: only the top quarter of the ranks, which
-    // are nearly always right, goes on top of them.
+    // The reads are what the steps wait for: only the leading ranks that are nearly
+    // always right (at most a quarter of k) go on top of them.
     ++stats_.io_busy;
-    cap = std::min(cap, static_cast<uint64_t>(n_used_ / 4));
+    cap = std::min(cap, static_cast<uint64_t>(ranks_.Trusted(n_used_ / 4, 0.9, 16)));
     if (cap == 0) {
       telemetry::TraceInstant("prefetch held back", "layer", layer);
       return;

@@ -23,11 +23,12 @@
 // Speculation narrowed while the reads are busy (SpeculationGate): when the loader's
 // threads were busy for most of the last step, the disk is what a token waits for, and
 // a wrong prediction (about a quarter of them) only adds bytes to it. Issue then keeps
-// to the top quarter of the ranks (k / 4 experts; none for k < 4), which are nearly
-// always right and fill the reads' idle gap between two layers' misses (counted:
-// io_busy), until the reads leave room again. The misses of a layer still stream (the
-// MoE scheduler's StartLoad), which is where most of prefetch's gain lies on a slow
-// disk.
+// to the leading ranks whose predictions have been nearly always right (RankPrecision:
+// at least 90% over their scored predictions; the top two of eight on the OLMoE-shaped
+// router, none under uniform routing), at most k / 4 of them, which fill the reads' idle
+// gap between two layers' misses (counted: io_busy), until the reads leave room again.
+// The misses of a layer still stream (the MoE scheduler's StartLoad), which is where
+// most of prefetch's gain lies on a slow disk.
 //
 // The other half of the pipeline is the MoE scheduler (pipeline/moe_scheduler.h,
 // RunPooledHost): with prefetch on, a layer's misses all start loading at once
@@ -38,6 +39,8 @@
 #ifndef MOERT_PIPELINE_PREFETCHER_H_
 #define MOERT_PIPELINE_PREFETCHER_H_
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -88,6 +91,45 @@ class SpeculationGate {
   bool open_ = true;
 };
 
+// How often the prediction at each rank (0: the most probable) was right, from the
+// scored predictions; counts are halved past 4096 so that the figures follow the
+// routing. Ranks past kMaxRanks are not tracked.
+class RankPrecision {
+ public:
+  static constexpr int kMaxRanks = 64;
+  void Record(int rank, bool correct) {
+    if (rank < 0 || rank >= kMaxRanks) return;
+    Counts& c = counts_[static_cast<size_t>(rank)];
+    c.predicted += 1;
+    c.correct += correct ? 1 : 0;
+    if (c.predicted > 4096) {
+      c.predicted /= 2;
+      c.correct /= 2;
+    }
+  }
+  // The leading ranks, up to `limit`, each with at least `min_samples` scored predictions
+  // and a precision of at least `min_precision`.
+  int Trusted(int limit, double min_precision, uint64_t min_samples) const {
+    int n = 0;
+    while (n < std::min(limit, kMaxRanks)) {
+      const Counts& c = counts_[static_cast<size_t>(n)];
+      if (c.predicted < min_samples ||
+          static_cast<double>(c.correct) < min_precision * static_cast<double>(c.predicted)) {
+        break;
+      }
+      ++n;
+    }
+    return n;
+  }
+
+ private:
+  struct Counts {
+    uint64_t predicted = 0;
+    uint64_t correct = 0;
+  };
+  std::array<Counts, kMaxRanks> counts_{};
+};
+
 class Prefetcher {
  public:
   // `cache` (and `metrics`, may be null: none published) must outlive the prefetcher;
@@ -120,6 +162,7 @@ class Prefetcher {
   std::vector<bool> has_prediction_;
   std::vector<float> score_;  // scratch, n_expert
   SpeculationGate gate_;
+  RankPrecision ranks_;
   uint64_t step_start_ns_ = 0;  // 0: no step yet
   uint64_t step_start_busy_ns_ = 0;
   PrefetchStats stats_;

@@ -216,6 +216,37 @@ TEST(Prefetch, SpeculationGateClosesOnBusyReadsWithHysteresis) {
   EXPECT_TRUE(custom.Update(0.1));
 }
 
+// Which leading ranks speculation may keep to while the reads are busy: those right at
+// least min_precision of the time over at least min_samples scored predictions, stopping
+// at the first that is not; old counts fade (halved past 4096).
+TEST(Prefetch, RankPrecisionTrustsLeadingRanksThatAreNearlyAlwaysRight) {
+  pipeline::RankPrecision ranks;
+  EXPECT_EQ(ranks.Trusted(2, 0.9, 16), 0);  // nothing scored yet
+  for (int i = 0; i < 20; ++i) {
+    ranks.Record(0, true);
+    ranks.Record(1, i % 10 != 0);  // 90%
+    ranks.Record(2, i % 2 == 0);   // 50%
+    ranks.Record(3, true);         // right, but behind a rank that is not
+  }
+  EXPECT_EQ(ranks.Trusted(8, 0.9, 16), 2);
+  EXPECT_EQ(ranks.Trusted(1, 0.9, 16), 1);   // the limit
+  EXPECT_EQ(ranks.Trusted(8, 0.9, 32), 0);   // too few samples
+  EXPECT_EQ(ranks.Trusted(8, 0.95, 16), 1);  // rank 1 is below 95%
+  EXPECT_EQ(ranks.Trusted(8, 0.5, 16), 4);
+  ranks.Record(-1, true);  // ignored, as are ranks past the table
+  ranks.Record(pipeline::RankPrecision::kMaxRanks, true);
+  EXPECT_EQ(ranks.Trusted(8, 0.9, 16), 2);
+  // Rank 0 turns wrong: after enough misses its precision falls below 90%.
+  for (int i = 0; i < 3; ++i) ranks.Record(0, false);
+  EXPECT_EQ(ranks.Trusted(8, 0.9, 16), 0);
+  // Past 4096 a rank's counts are halved, so new outcomes weigh more.
+  pipeline::RankPrecision fading;
+  for (int i = 0; i < 4096; ++i) fading.Record(0, false);
+  EXPECT_EQ(fading.Trusted(1, 0.5, 16), 0);
+  for (int i = 0; i < 4097 * 2; ++i) fading.Record(0, true);
+  EXPECT_EQ(fading.Trusted(1, 0.9, 16), 1);
+}
+
 TEST(Prefetch, SlowLoaderPrefetchedLoadsAreUsed) {
   Watchdog watchdog(300);
   const std::string name = "tiny-moe-shakespeare-q4_0.gguf";
