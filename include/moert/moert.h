@@ -164,7 +164,7 @@ typedef struct moert_stats {
 typedef struct moert_memory_stats {
   int64_t budget_bytes;           /**< the total budget in force (given, or derived from the pool) */
   int64_t expert_pool_bytes;      /**< the expert pool's size */
-  int64_t expert_pool_used_bytes; /**< bytes of resident experts */
+  int64_t expert_pool_used_bytes; /**< bytes of resident experts (their pages) */
   int64_t expert_pool_free_bytes; /**< free bytes of the pool */
   double expert_pool_fragmentation;   /**< 1 - largest free block / free bytes */
   double expert_hit_rate;             /**< experts found resident / experts needed */

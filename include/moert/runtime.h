@@ -422,7 +422,7 @@ struct GenerationStats {
   int64_t kv_reserved_bytes = 0;       // the KV caches of every session of the model
   int kv_caches = 0;                   // how many there are
   int64_t expert_pool_bytes = 0;       // the pool's size
-  int64_t expert_pool_used_bytes = 0;  // bytes of resident experts (pool blocks)
+  int64_t expert_pool_used_bytes = 0;  // bytes of resident experts (their pages)
   int64_t expert_pool_free_bytes = 0;
   double expert_pool_fragmentation = 0;    // 1 - largest free block / free bytes
   double expert_hit_rate = 0;              // experts found resident / experts needed
