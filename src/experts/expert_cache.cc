@@ -2,8 +2,6 @@
 // the loader thread, defragmentation of the pool.
 #include "experts/expert_cache.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -28,11 +26,7 @@ uint64_t ExpertCache::BlockBytes(uint64_t runtime_bytes, uint64_t min_block_byte
 }
 
 uint64_t ExpertCache::ChargeBytes(uint64_t runtime_bytes) {
-  static const uint64_t page = [] {
-    const long p = sysconf(_SC_PAGESIZE);
-    return p > 0 ? static_cast<uint64_t>(p) : uint64_t{4096};
-  }();
-  return (std::max<uint64_t>(runtime_bytes, 1) + page - 1) / page * page;
+  return memory::PageBytes(runtime_bytes);
 }
 
 ExpertCache::ExpertCache(ExpertDirectory directory, const ExpertCacheOptions& options)

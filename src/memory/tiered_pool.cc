@@ -30,6 +30,14 @@ uint64_t AlignUpAddress(const uint8_t* base, uint64_t offset, uint64_t alignment
 
 }  // namespace
 
+uint64_t PageBytes(uint64_t bytes) {
+  static const uint64_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<uint64_t>(p) : uint64_t{4096};
+  }();
+  return AlignUp(std::max<uint64_t>(bytes, 1), page);
+}
+
 std::string_view TierName(Tier tier) {
   switch (tier) {
     case Tier::kPersistent:
@@ -203,7 +211,7 @@ absl::StatusOr<Block> TieredPool::CommitExpert(absl::StatusOr<Block> block, uint
     return absl::Status(block.status().code(),
                         StrCat("expert pool: ", std::string(block.status().message())));
   }
-  const uint64_t need = std::min(AlignUp(std::max<uint64_t>(bytes, 1), page_), block->size);
+  const uint64_t need = std::min(PageBytes(bytes), block->size);
   uint8_t* base = expert_base_ + block->offset;
   const auto warm = std::find_if(warm_.begin(), warm_.end(), [&](const WarmBlock& w) {
     return w.offset == block->offset && w.size == block->size;

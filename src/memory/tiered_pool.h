@@ -32,6 +32,10 @@
 namespace moert::memory {
 
 enum class Tier { kPersistent, kExpert, kActivation };
+
+// `bytes` (at least one) rounded up to whole pages of this system: what an expert block
+// commits, and what the memory budget charges for it (ExpertCache::ChargeBytes).
+uint64_t PageBytes(uint64_t bytes);
 std::string_view TierName(Tier tier);
 
 struct TieredPoolOptions {
