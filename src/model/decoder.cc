@@ -623,8 +623,10 @@ absl::Status DecoderModel::SaveHotSet() {
 
 absl::Status DecoderModel::LoadTensors(WeightLoader& loader) {
   const int64_t n_embd = spec_.n_embd;
+  // Tied to the lm head, the table stays fp32: the head multiplies by it.
   MOERT_RETURN_IF_ERROR(
-      loader.Load(TensorWeightName(TensorKind::kTokenEmbd), spec_.n_vocab, n_embd, &token_embd_));
+      loader.LoadEmbedding(TensorWeightName(TensorKind::kTokenEmbd), spec_.n_vocab, n_embd,
+                           /*keep_quantized=*/!spec_.tied_embeddings, &token_embd_));
   MOERT_RETURN_IF_ERROR(
       loader.LoadVector(TensorWeightName(TensorKind::kOutputNorm), n_embd, &output_norm_));
   if (!spec_.tied_embeddings) {

@@ -120,7 +120,7 @@ class DecoderModel final : public Model {
   format::ModelSpec spec_;
   AttentionOptions attention_;  // from the architecture table
   ThreadPool pool_;
-  Matrix token_embd_;
+  EmbeddingTable token_embd_;  // quantized unless the lm head shares it
   std::vector<float> output_norm_;
   Matrix output_;                  // empty when tied to token_embd_
   std::vector<float> rope_freqs_;  // empty when absent

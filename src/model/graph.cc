@@ -79,7 +79,7 @@ absl::Status LayerGraph::Init() {
   MOERT_RETURN_IF_ERROR(vec(*w_.output_norm, &output_norm_));
   MOERT_RETURN_IF_ERROR(vec(*w_.rope_freqs, &rope_freqs_));
   const bool tied = w_.output->empty();
-  MOERT_RETURN_IF_ERROR(mat(tied ? *w_.token_embd : *w_.output,
+  MOERT_RETURN_IF_ERROR(mat(tied ? w_.token_embd->dense() : *w_.output,
                             tied ? "token_embd.weight" : "output.weight", &lm_head_));
   layers_.clear();
   layers_.resize(w_.layers->size());
@@ -158,9 +158,13 @@ absl::Status LayerGraph::Forward(const BatchInput& input, int64_t pos0, const Se
   const float* given = input.embeddings.data();
   for (int64_t t = 0; t < n; ++t) {
     const int32_t token = tokens[static_cast<size_t>(t)];
-    const float* row = token == kEmbeddingToken ? given : w_.token_embd->row(token);
-    if (token == kEmbeddingToken) given += e;
-    std::copy(row, row + e, staging_.begin() + t * e);
+    float* row = staging_.data() + t * e;
+    if (token == kEmbeddingToken) {
+      std::copy(given, given + e, row);
+      given += e;
+    } else {
+      w_.token_embd->Row(token, row);
+    }
   }
   MOERT_RETURN_IF_ERROR(b_.Write(x, staging_.data(), staging_.size() * 4));
   for (int il = 0; il < static_cast<int>(spec.n_layer); ++il) {

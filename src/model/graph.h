@@ -22,6 +22,7 @@
 #include "backend/scratch.h"
 #include "format/arch.h"
 #include "format/model_spec.h"
+#include "model/embedding.h"
 #include "pipeline/moe_scheduler.h"
 
 namespace moert::model {
@@ -54,7 +55,7 @@ struct AttentionOptions {
 // What the graph reads of a model (borrowed; the model outlives its graphs).
 struct ModelWeights {
   const format::ModelSpec* spec = nullptr;
-  const backend::Matrix* token_embd = nullptr;
+  const EmbeddingTable* token_embd = nullptr;
   const std::vector<float>* output_norm = nullptr;
   const backend::Matrix* output = nullptr;  // empty: tied to token_embd
   const std::vector<float>* rope_freqs = nullptr;

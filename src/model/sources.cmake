@@ -2,6 +2,7 @@
 list(APPEND MOERT_SOURCES
   model/model.cc
   model/weights.cc
+  model/embedding.cc
   model/weight_lock.cc
   model/decoder.cc
   model/expert_update.cc

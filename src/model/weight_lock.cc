@@ -33,7 +33,11 @@ void AddFfn(const backend::FfnWeights& f, Ranges* out) {
 
 Ranges DenseWeightRanges(const ModelWeights& w) {
   Ranges out;
-  if (w.token_embd != nullptr) AddMatrix(*w.token_embd, &out);
+  if (w.token_embd != nullptr) {
+    AddMatrix(w.token_embd->dense(), &out);
+    const std::span<const uint8_t> table = w.token_embd->quantized_bytes();
+    if (!table.empty()) out.emplace_back(table.data(), table.size());
+  }
   if (w.output_norm != nullptr) AddVector(*w.output_norm, &out);
   if (w.output != nullptr) AddMatrix(*w.output, &out);
   if (w.rope_freqs != nullptr) AddVector(*w.rope_freqs, &out);

@@ -112,13 +112,17 @@ absl::Status WeightLoader::Read(const std::string& name, int64_t n, std::vector<
     return absl::OkStatus();
   }
   out->resize(static_cast<size_t>(n));
-  absl::Status status = format::Dequantize(t->type, file_.TensorData(*t), *out);
+  return Finish(name, *t, format::Dequantize(t->type, file_.TensorData(*t), *out));
+}
+
+absl::Status WeightLoader::Finish(const std::string& name, const format::GgufTensorInfo& t,
+                                  absl::Status status) {
   if (!status.ok()) {
     return absl::Status(status.code(), StrCat(file_.name(), ": tensor '", name,
                                               "': ", std::string(status.message())));
   }
-  ReleasePages(*t);
-  Progress(t->n_bytes);
+  ReleasePages(t);
+  Progress(t.n_bytes);
   return absl::OkStatus();
 }
 
@@ -209,6 +213,25 @@ absl::Status WeightLoader::Load(const std::string& name, int64_t rows, int64_t c
     return absl::OkStatus();
   }
   return Read(name, rows * cols, &out->data);
+}
+
+absl::Status WeightLoader::LoadEmbedding(const std::string& name, int64_t rows, int64_t cols,
+                                         bool keep_quantized, EmbeddingTable* out) {
+  const format::GgufTensorInfo* t = file_.FindTensor(name);
+  if (!keep_quantized || t == nullptr || t->type == format::GgmlType::kF32 ||
+      backend::PackedFormatOf(t->type) || !format::CanDequantize(t->type)) {
+    Matrix dense;
+    MOERT_RETURN_IF_ERROR(Load(name, rows, cols, &dense));
+    out->SetDense(std::move(dense));
+    return absl::OkStatus();
+  }
+  MOERT_ASSIGN_OR_RETURN(t, Find(name, rows * cols));
+  if (measure_only_) {
+    *out = EmbeddingTable();
+    measured_bytes_ += t->n_bytes;
+    return absl::OkStatus();
+  }
+  return Finish(name, *t, out->SetQuantized(t->type, rows, cols, file_.TensorData(*t)));
 }
 
 absl::Status WeightLoader::LoadVector(const std::string& name, int64_t n, std::vector<float>* out) {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "format/gguf.h"
+#include "model/embedding.h"
 #include "model/layers.h"
 
 namespace moert::model {
@@ -60,6 +61,11 @@ class WeightLoader {
   // rows / groups rows (one per expert of a stacked expert tensor).
   absl::Status LoadMatMul(const std::string& name, int64_t rows, int64_t cols, int64_t groups,
                           Matrix* out);
+  // The token embedding table, `rows` x `cols`: with `keep_quantized`, a tensor of a
+  // quantized type Dequantize reads stays in its blocks (EmbeddingTable::SetQuantized);
+  // otherwise, and for F32 or a moert-pack layout, as Load reads it.
+  absl::Status LoadEmbedding(const std::string& name, int64_t rows, int64_t cols,
+                             bool keep_quantized, EmbeddingTable* out);
   // A 1-D tensor of `n` values.
   absl::Status LoadVector(const std::string& name, int64_t n, std::vector<float>* out);
   // As LoadVector when the tensor exists; leaves `out` empty when it does not.
@@ -69,6 +75,10 @@ class WeightLoader {
   // The tensor `name` checked to hold `n` values whose bytes lie inside the file.
   absl::StatusOr<const format::GgufTensorInfo*> Find(const std::string& name, int64_t n);
   absl::Status Read(const std::string& name, int64_t n, std::vector<float>* out);
+  // After tensor `name` is read: `status` naming the tensor when it failed, else its
+  // file pages released and its bytes counted as progress.
+  absl::Status Finish(const std::string& name, const format::GgufTensorInfo& t,
+                      absl::Status status);
   void Progress(uint64_t bytes);
   void ReleasePages(const format::GgufTensorInfo& t) const;
 
