@@ -136,6 +136,61 @@ void ScatterRow(WeightFormat format, const uint8_t* src, int64_t row, int64_t kb
   }
 }
 
+// Rows [8 * tile, +8) of the packed matrix, all present, from their GGUF rows of
+// LegacyTypeOf(format) (`src`: the tile's first row, rows `src_row` bytes apart). The
+// same bytes as ScatterRow on each row, written block after block: the writes run
+// straight through the tile's blocks while the reads follow eight rows, which streams
+// both ways where ScatterRow's writes stride across every block of the tile.
+template <WeightFormat kFormat>
+void ScatterTile(const uint8_t* src, size_t src_row, int64_t tile, int64_t kb, uint8_t* dst) {
+  constexpr size_t kIn = kFormat == WeightFormat::kW8    ? 34
+                         : kFormat == WeightFormat::kW4M ? 20
+                                                         : 18;
+  uint8_t* blk = BlockAt(dst, kFormat, kb, tile * kNr, 0);
+  const size_t block_bytes = BlockBytes(kFormat);
+  for (int64_t b = 0; b < kb; ++b, blk += block_bytes) {
+    const uint8_t* in = src + static_cast<size_t>(b) * kIn;
+    for (size_t r = 0; r < static_cast<size_t>(kNr); ++r, in += src_row) {
+      if constexpr (kFormat == WeightFormat::kW8) {
+        std::memcpy(blk + 2 * r, in, 2);
+        std::memcpy(blk + kW8Qs + 32 * r, in + 2, 32);
+      } else if constexpr (kFormat == WeightFormat::kW4M) {
+        std::memcpy(blk + 2 * r, in, 2);
+        std::memcpy(blk + kW4mM + 2 * r, in + 2, 2);
+        std::memcpy(blk + kW4mQs + 16 * r, in + 4, 16);
+      } else {
+        std::memcpy(blk + 2 * r, in, 2);
+        std::memcpy(blk + kW4Qs + 16 * r, in + 2, 16);
+      }
+    }
+  }
+}
+
+// Every whole tile of `rows` rows by ScatterTile, the rows of a last partial tile by
+// ScatterRow.
+void ScatterRows(WeightFormat format, const uint8_t* src, size_t src_row, int64_t rows, int64_t kb,
+                 uint8_t* dst) {
+  const int64_t tiles = rows / kNr;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* first = src + static_cast<size_t>(t * kNr) * src_row;
+    switch (format) {
+      case WeightFormat::kW4:
+      case WeightFormat::kW4S24:  // never packed directly: pruned from a W4 copy
+        ScatterTile<WeightFormat::kW4>(first, src_row, t, kb, dst);
+        break;
+      case WeightFormat::kW4M:
+        ScatterTile<WeightFormat::kW4M>(first, src_row, t, kb, dst);
+        break;
+      case WeightFormat::kW8:
+        ScatterTile<WeightFormat::kW8>(first, src_row, t, kb, dst);
+        break;
+    }
+  }
+  for (int64_t row = tiles * kNr; row < rows; ++row) {
+    ScatterRow(format, src + static_cast<size_t>(row) * src_row, row, kb, dst);
+  }
+}
+
 // Q4_K row -> W4M row: sub-block j of a super-block becomes block 8 * sb + j with
 // d = fp16(d * sc_j), m = fp16(-(dmin * m_j)) and the same nibbles, reordered from
 // Q4_K's (sub-blocks 2i and 2i + 1 share 32 bytes, low and high nibbles) to W4M's
@@ -259,9 +314,7 @@ absl::Status PackRows(GgmlType type, std::span<const uint8_t> src, int64_t rows,
   const GgmlType legacy = LegacyTypeOf(target);
   const size_t src_row = static_cast<size_t>(*row_bytes);
   if (type == legacy) {
-    for (int64_t row = 0; row < rows; ++row) {
-      ScatterRow(target, src.data() + static_cast<size_t>(row) * src_row, row, kb, dst.data());
-    }
+    ScatterRows(target, src.data(), src_row, rows, kb, dst.data());
     return absl::OkStatus();
   }
   if (type == GgmlType::kQ4_K && target == WeightFormat::kW4M) {
