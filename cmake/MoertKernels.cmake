@@ -20,6 +20,7 @@ set(MOERT_KERNEL_SOURCES
   ${k}/f32-topk/f32-topk-scalar.cc
   ${k}/f32-gemm/f32-gemm-2x2-scalar.cc
   ${k}/f32-wsum/f32-wsum-scalar.cc
+  ${k}/kv-widen/kv-widen-scalar.cc
 )
 set(MOERT_KERNEL_DEFINITIONS)
 set(MOERT_KERNEL_OBJECTS)
@@ -38,6 +39,7 @@ set(MOERT_AVX2_KERNEL_SOURCES
   ${k}/f32-topk/f32-topk-avx2.cc
   ${k}/f32-gemm/f32-gemm-4x3-avx2.cc
   ${k}/f32-wsum/f32-wsum-avx2.cc
+  ${k}/kv-widen/kv-widen-avx2.cc
 )
 # x86-64: the VNNI int8 dot products, on top of AVX2 (kernels/vnni-qgemm.h). AVX-VNNI is
 # the VEX form (Alder Lake, Zen 5); AVX512-VNNI the EVEX one with 512-bit registers
@@ -80,6 +82,7 @@ set(MOERT_NEONDOT_KERNEL_SOURCES
   ${k}/q4s24-gemv/q4s24-gemv-1x8-neondot.cc
   ${k}/q4s24-gemm/q4s24-gemm-4x8-neondot.cc
   ${k}/f32-topk/f32-topk-neon.cc
+  ${k}/kv-widen/kv-widen-neon.cc
 )
 set(MOERT_NEONI8MM_KERNEL_SOURCES
   ${k}/q4-gemm/q4-gemm-4x8-neoni8mm.cc

@@ -172,6 +172,7 @@ KernelConfig ScalarConfig() {
   c.topk = {moert_f32_topk_ukernel__scalar, Isa::kScalar};
   c.f32_gemm = {moert_f32_gemm_ukernel_2x2__scalar, Isa::kScalar};
   c.f32_wsum = {moert_f32_wsum_ukernel__scalar, Isa::kScalar};
+  c.kv_widen = {moert_f16_widen_ukernel__scalar, moert_q8_0_widen_ukernel__scalar, Isa::kScalar};
   return c;
 }
 

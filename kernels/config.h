@@ -86,6 +86,14 @@ struct F32WsumConfig {
   Isa isa = Isa::kScalar;
 };
 
+// Typed KV cache rows widened to f32 (ukernel.h, moert_f16_widen_ukernel_fn and
+// moert_q8_0_widen_ukernel_fn).
+struct KvWidenConfig {
+  moert_f16_widen_ukernel_fn f16 = nullptr;
+  moert_q8_0_widen_ukernel_fn q8_0 = nullptr;
+  Isa isa = Isa::kScalar;
+};
+
 struct KernelConfig {
   Isa isa = Isa::kScalar;  // what was asked for (the best available by default)
   QuantConfig q8_quant;
@@ -96,6 +104,7 @@ struct KernelConfig {
   TopKConfig topk;
   F32GemmConfig f32_gemm;
   F32WsumConfig f32_wsum;
+  KvWidenConfig kv_widen;
 };
 
 // The process-wide config: MOERT_ISA if set and usable, else the best available.

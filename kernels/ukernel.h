@@ -186,4 +186,20 @@ typedef void (*moert_f32_wsum_ukernel_fn)(size_t n, const float* w, const float*
 
 MOERT_DECLARE_F32_WSUM(moert_f32_wsum_ukernel__scalar);
 
+// --- typed KV cache rows widened to f32 (attention over an f16 or q8_0 cache) ---
+//
+// f16: n halves (2 bytes each, little-endian, any alignment) at src to n floats, each
+// exact (ggml's GGML_FP16_TO_FP32): subnormal halves become normal floats, a NaN keeps
+// its sign and payload and comes out quiet.
+// q8_0: n whole q8_0 blocks (34 bytes each: a half scale d, then 32 int8 q; any
+// alignment) to 32 * n floats, each (float)q * (float)d in one float multiply (ggml's
+// dequantize_row_q8_0). Both give the same bits on every ISA.
+typedef void (*moert_f16_widen_ukernel_fn)(size_t n, const uint8_t* src, float* dst);
+typedef void (*moert_q8_0_widen_ukernel_fn)(size_t n, const uint8_t* src, float* dst);
+
+#define MOERT_DECLARE_KV_WIDEN(name) void name(size_t n, const uint8_t* src, float* dst)
+
+MOERT_DECLARE_KV_WIDEN(moert_f16_widen_ukernel__scalar);
+MOERT_DECLARE_KV_WIDEN(moert_q8_0_widen_ukernel__scalar);
+
 #endif  // MOERT_KERNELS_UKERNEL_H_

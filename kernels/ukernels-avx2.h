@@ -19,6 +19,8 @@ MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__avx2);
 MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__avx2);
 MOERT_DECLARE_F32_GEMM(moert_f32_gemm_ukernel_4x3__avx2);
 MOERT_DECLARE_F32_WSUM(moert_f32_wsum_ukernel__avx2);
+MOERT_DECLARE_KV_WIDEN(moert_f16_widen_ukernel__avx2);
+MOERT_DECLARE_KV_WIDEN(moert_q8_0_widen_ukernel__avx2);
 
 #define MOERT_APPLY_AVX2_KERNELS(c)                                                               \
   do {                                                                                            \
@@ -34,6 +36,7 @@ MOERT_DECLARE_F32_WSUM(moert_f32_wsum_ukernel__avx2);
     (c).topk = {moert_f32_topk_ukernel__avx2, Isa::kAvx2};                                        \
     (c).f32_gemm = {moert_f32_gemm_ukernel_4x3__avx2, Isa::kAvx2};                                \
     (c).f32_wsum = {moert_f32_wsum_ukernel__avx2, Isa::kAvx2};                                    \
+    (c).kv_widen = {moert_f16_widen_ukernel__avx2, moert_q8_0_widen_ukernel__avx2, Isa::kAvx2};   \
   } while (0)
 
 #endif  // MOERT_KERNELS_UKERNELS_AVX2_H_

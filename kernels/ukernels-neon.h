@@ -22,24 +22,27 @@ MOERT_DECLARE_QGEMM(moert_q4s24_gemv_ukernel_1x8__neondot);
 MOERT_DECLARE_QGEMM(moert_q4s24_gemm_ukernel_4x8__neondot);
 // Base NEON only (built with the dotprod list, dispatched with it).
 MOERT_DECLARE_TOPK(moert_f32_topk_ukernel__neon);
+MOERT_DECLARE_KV_WIDEN(moert_f16_widen_ukernel__neon);
+MOERT_DECLARE_KV_WIDEN(moert_q8_0_widen_ukernel__neon);
 
 // +dotprod+i8mm.
 MOERT_DECLARE_QGEMM(moert_q4_gemm_ukernel_4x8__neoni8mm);
 MOERT_DECLARE_QGEMM(moert_q4m_gemm_ukernel_4x8__neoni8mm);
 MOERT_DECLARE_QGEMM(moert_q8_gemm_ukernel_4x8__neoni8mm);
 
-#define MOERT_APPLY_NEONDOT_KERNELS(c)                                                            \
-  do {                                                                                            \
-    (c).q8_quant = {moert_q8_quant_ukernel__neon, Isa::kNeonDot};                                 \
-    SetGemm((c).q4, moert_q4_gemv_ukernel_1x8__neondot, moert_q4_gemm_ukernel_4x8__neondot, 4,    \
-            Isa::kNeonDot);                                                                       \
-    SetGemm((c).q4m, moert_q4m_gemv_ukernel_1x8__neondot, moert_q4m_gemm_ukernel_4x8__neondot, 4, \
-            Isa::kNeonDot);                                                                       \
-    SetGemm((c).q8, moert_q8_gemv_ukernel_1x8__neondot, moert_q8_gemm_ukernel_4x8__neondot, 4,    \
-            Isa::kNeonDot);                                                                       \
-    SetGemm((c).q4s24, moert_q4s24_gemv_ukernel_1x8__neondot,                                     \
-            moert_q4s24_gemm_ukernel_4x8__neondot, 4, Isa::kNeonDot);                             \
-    (c).topk = {moert_f32_topk_ukernel__neon, Isa::kNeonDot};                                     \
+#define MOERT_APPLY_NEONDOT_KERNELS(c)                                                             \
+  do {                                                                                             \
+    (c).q8_quant = {moert_q8_quant_ukernel__neon, Isa::kNeonDot};                                  \
+    SetGemm((c).q4, moert_q4_gemv_ukernel_1x8__neondot, moert_q4_gemm_ukernel_4x8__neondot, 4,     \
+            Isa::kNeonDot);                                                                        \
+    SetGemm((c).q4m, moert_q4m_gemv_ukernel_1x8__neondot, moert_q4m_gemm_ukernel_4x8__neondot, 4,  \
+            Isa::kNeonDot);                                                                        \
+    SetGemm((c).q8, moert_q8_gemv_ukernel_1x8__neondot, moert_q8_gemm_ukernel_4x8__neondot, 4,     \
+            Isa::kNeonDot);                                                                        \
+    SetGemm((c).q4s24, moert_q4s24_gemv_ukernel_1x8__neondot,                                      \
+            moert_q4s24_gemm_ukernel_4x8__neondot, 4, Isa::kNeonDot);                              \
+    (c).topk = {moert_f32_topk_ukernel__neon, Isa::kNeonDot};                                      \
+    (c).kv_widen = {moert_f16_widen_ukernel__neon, moert_q8_0_widen_ukernel__neon, Isa::kNeonDot}; \
   } while (0)
 
 #define MOERT_APPLY_NEONI8MM_KERNELS(c)                                                 \

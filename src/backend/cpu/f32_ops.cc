@@ -234,8 +234,9 @@ constexpr int64_t kWidenRows = 128;
 
 // Rows [j0, j1) of one KV head's slice of a cache as fp32 rows `stride` floats apart: an
 // fp32 cache's in place, a typed one's widened into `buffer`.
-const float* HeadRows(const KvRows& rows, int64_t offset, int64_t dim, int64_t j0, int64_t j1,
-                      std::vector<float>& buffer, size_t* stride) {
+const float* HeadRows(const kernels::KvWidenConfig& widen, const KvRows& rows, int64_t offset,
+                      int64_t dim, int64_t j0, int64_t j1, std::vector<float>& buffer,
+                      size_t* stride) {
   if (rows.type == KvType::kF32) {
     *stride = rows.row_bytes / sizeof(float);
     return reinterpret_cast<const float*>(rows.data + static_cast<size_t>(j0) * rows.row_bytes) +
@@ -243,8 +244,8 @@ const float* HeadRows(const KvRows& rows, int64_t offset, int64_t dim, int64_t j
   }
   buffer.resize(static_cast<size_t>((j1 - j0) * dim));
   for (int64_t j = j0; j < j1; ++j) {
-    DecodeKvValues(rows.type, rows.data + static_cast<size_t>(j) * rows.row_bytes, offset, dim,
-                   buffer.data() + (j - j0) * dim);
+    DecodeKvValues(widen, rows.type, rows.data + static_cast<size_t>(j) * rows.row_bytes, offset,
+                   dim, buffer.data() + (j - j0) * dim);
   }
   *stride = static_cast<size_t>(dim);
   return buffer.data();
@@ -296,7 +297,7 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     for (int64_t j0 = 0; j0 < n_keys; j0 += k_pass) {
       const int64_t j1 = std::min(n_keys, j0 + k_pass);
       size_t stride = 0;
-      const float* keys = HeadRows(k_cache, g * dk, dk, j0, j1, widened, &stride);
+      const float* keys = HeadRows(kernels.kv_widen, k_cache, g * dk, dk, j0, j1, widened, &stride);
       kernels.f32_gemm.gemm(static_cast<size_t>(dk), keys, stride, 0, static_cast<size_t>(j1 - j0),
                             x, static_cast<size_t>(t1 - t0), scores.data() + j0,
                             static_cast<size_t>(n_keys));
@@ -313,7 +314,8 @@ void Attention(ThreadPool& pool, const AttentionShape& shape, const float* q, in
     for (int64_t j0 = 0; j0 < n_keys; j0 += v_pass) {
       const int64_t j1 = std::min(n_keys, j0 + v_pass);
       size_t stride = 0;
-      const float* values = HeadRows(v_cache, g * dv, dv, j0, j1, widened, &stride);
+      const float* values =
+          HeadRows(kernels.kv_widen, v_cache, g * dv, dv, j0, j1, widened, &stride);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t rows = std::min(keys_of(t), j1) - j0;  // this query's keys in the pass
         if (rows <= 0) continue;
@@ -347,7 +349,8 @@ void AttentionEntropy(ThreadPool& pool, const AttentionShape& shape, const float
     for (int64_t j0 = 0; j0 < n_kv; j0 += pass) {
       const int64_t j1 = std::min(n_kv, j0 + pass);
       size_t stride = 0;
-      const float* keys = HeadRows(k, (h / group) * dk, dk, j0, j1, widened, &stride);
+      const float* keys =
+          HeadRows(pool.kernels().kv_widen, k, (h / group) * dk, dk, j0, j1, widened, &stride);
       for (int64_t j = j0; j < j1; ++j) {
         s[j] = Dot(keys + static_cast<size_t>(j - j0) * stride, qh, dk) * shape.scale;
         max = std::max(max, s[j]);

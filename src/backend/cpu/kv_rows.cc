@@ -1,6 +1,7 @@
-// Typed KV cache rows on the CPU (see kv_rows.h). Scalar on purpose: the conversions
-// are a small part of attention's work, and core/fp16.h's integer conversions give the
-// same bits on every target and under every floating-point mode.
+// Typed KV cache rows on the CPU (see kv_rows.h). Encoding is scalar: a token stores one
+// row per layer, and core/fp16.h's integer conversions give the same bits on every
+// target and under every floating-point mode. Decoding, which attention does for every
+// cached row every step, goes through the KV widening kernels (kernels/kv-widen/).
 #include "backend/cpu/kv_rows.h"
 
 #include <algorithm>
@@ -59,29 +60,44 @@ void EncodeKvRow(KvType type, const float* x, int64_t width, uint8_t* dst) {
   }
 }
 
-void DecodeKvValues(KvType type, const uint8_t* row, int64_t begin, int64_t count, float* out) {
+void DecodeKvValues(const kernels::KvWidenConfig& widen, KvType type, const uint8_t* row,
+                    int64_t begin, int64_t count, float* out) {
   switch (type) {
     case KvType::kF32:
       std::memcpy(out, row + begin * 4, static_cast<size_t>(count) * 4);
       return;
     case KvType::kF16:
-      for (int64_t i = 0; i < count; ++i) {
-        out[i] = core::Fp16ToFloat(GetHalf(row + 2 * (begin + i)));
-      }
+      widen.f16(static_cast<size_t>(count), row + 2 * begin, out);
       return;
     case KvType::kQ8_0: {
-      const int64_t end = begin + count;
-      for (int64_t i = begin; i < end;) {
-        const int64_t b = i / kQ8_0BlockValues;
+      // Whole blocks through the kernel; a partial block at either end as the kernel
+      // would widen it (q * d, one rounding).
+      const auto partial = [&](int64_t from, int64_t to) {
+        const int64_t b = from / kQ8_0BlockValues;
         const uint8_t* block = row + b * static_cast<int64_t>(kQ8_0BlockBytes);
         const float d = core::Fp16ToFloat(GetHalf(block));
-        const int64_t stop = std::min(end, (b + 1) * kQ8_0BlockValues);
-        for (; i < stop; ++i) {
+        for (int64_t i = from; i < to; ++i) {
           int8_t q;
           std::memcpy(&q, block + 2 + (i - b * kQ8_0BlockValues), 1);
           out[i - begin] = static_cast<float>(q) * d;
         }
+      };
+      const int64_t end = begin + count;
+      int64_t i = begin;
+      const int64_t head_end =
+          std::min(end, (begin + kQ8_0BlockValues - 1) / kQ8_0BlockValues * kQ8_0BlockValues);
+      if (i < head_end) {
+        partial(i, head_end);
+        i = head_end;
       }
+      const int64_t blocks = (end - i) / kQ8_0BlockValues;
+      if (blocks > 0) {
+        widen.q8_0(static_cast<size_t>(blocks),
+                   row + i / kQ8_0BlockValues * static_cast<int64_t>(kQ8_0BlockBytes),
+                   out + (i - begin));
+        i += blocks * kQ8_0BlockValues;
+      }
+      if (i < end) partial(i, end);
       return;
     }
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/kv_type.h"
+#include "kernels/config.h"
 
 namespace moert::backend::cpu {
 
@@ -15,8 +16,11 @@ namespace moert::backend::cpu {
 // needed). q8_0: width a multiple of 32, checked by the caller (KvRowBytes).
 void EncodeKvRow(KvType type, const float* x, int64_t width, uint8_t* dst);
 
-// Values [begin, begin + count) of a row of `type` at `row` as floats.
-void DecodeKvValues(KvType type, const uint8_t* row, int64_t begin, int64_t count, float* out);
+// Values [begin, begin + count) of a row of `type` at `row` as floats, through `widen`'s
+// kernels (the same bits on every ISA; a q8_0 range's partial blocks at either end are
+// widened here, the same way).
+void DecodeKvValues(const kernels::KvWidenConfig& widen, KvType type, const uint8_t* row,
+                    int64_t begin, int64_t count, float* out);
 
 }  // namespace moert::backend::cpu
 
