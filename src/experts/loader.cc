@@ -42,10 +42,6 @@ struct Loader::Job {
   std::optional<uint64_t> expected;
   LoadResult result;
   JobState state = JobState::kQueued;
-  // The I/O thread is writing a part into the destination while the job is still
-  // kReading (a part whose bytes came in before the others'): a Wait past its deadline
-  // waits for that write to end before it takes the job back.
-  bool writing = false;
   bool urgent = false;
   uint64_t trace_id = 0;  // its "expert load" async event, until ended (mu_)
 };
@@ -102,7 +98,6 @@ Loader::Loader(const ExpertDirectory& directory, const LoaderOptions& options)
       queue_capacity_(std::max<size_t>(1, options.queue_capacity)),
       wait_deadline_(options.wait_deadline_ms),
       before_read_(options.before_read_for_testing),
-      after_part_(options.after_part_for_testing),
       registry_(telemetry::RegistryOrOwn(options.metrics)),
       metrics_(*registry_),
       read_queue_depth_(std::max(1u, options.read_queue_depth)),
@@ -316,9 +311,8 @@ LoadResult Loader::Wait(const Ticket& ticket, OnDeadline on_deadline) {
   Job& job = *ticket;
   if (job.state != JobState::kTakenBack) {  // else Submit gave up on the queue already
     done_cv_.wait_for(lock, wait_deadline_, [&] { return job.state == JobState::kDone; });
-    // Only the copy or repack into the destination is left, or a part's repack while
-    // the others are read: no I/O to wait for.
-    done_cv_.wait(lock, [&] { return job.state != JobState::kCommitting && !job.writing; });
+    // Only the copy or repack into the destination is left: no I/O to wait for.
+    done_cv_.wait(lock, [&] { return job.state != JobState::kCommitting; });
     if (job.state == JobState::kDone) return std::move(job.result);
     if (job.state == JobState::kQueued) {
       queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
@@ -397,29 +391,8 @@ void Loader::ThreadMain(size_t index) {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     const uint64_t start = NowNs();
     std::span<uint8_t> bytes[kExpertParts];
-    // Each part is repacked into the destination as soon as its bytes are in, while the
-    // next parts are read, unless the job's waiter has taken it back.
-    bool committed[kExpertParts] = {};
-    absl::Status early;
-    const auto part_in = [&](int p, std::span<uint8_t> part_bytes) {
-      {
-        std::lock_guard<std::mutex> guard(mu_);
-        if (dropped(*job)) return;
-        job->writing = true;
-      }
-      absl::Status status = CommitPart(*job, p, part_bytes);
-      {
-        std::lock_guard<std::mutex> guard(mu_);
-        job->writing = false;
-      }
-      done_cv_.notify_all();
-      committed[p] = status.ok();
-      if (early.ok()) early = std::move(status);
-      if (after_part_) after_part_(*job->info, p);
-    };
     LoadResult result = Read(*job, staging_[index], bytes, /*io_thread=*/true,
-                             engines_.empty() ? nullptr : engines_[index].get(), part_in);
-    if (result.status.ok()) result.status = early;
+                             engines_.empty() ? nullptr : engines_[index].get());
     lock.lock();
     stats_.bytes_read += result.bytes_read;
     metrics_.read_bytes.Increment(result.bytes_read);
@@ -431,7 +404,7 @@ void Loader::ThreadMain(size_t index) {
     }
     job->state = JobState::kCommitting;
     lock.unlock();
-    if (result.status.ok()) result.status = Commit(*job, bytes, committed);
+    if (result.status.ok()) result.status = Commit(*job, bytes);
     const uint64_t busy = NowNs() - start;
     lock.lock();
     ++stats_.loads;
@@ -490,7 +463,7 @@ absl::StatusOr<std::span<uint8_t>> Loader::CopyPart(const ExpertInfo& info, cons
 
 absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
                                ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read,
-                               std::optional<uint64_t>* checksum, const PartIn& part_in) {
+                               std::optional<uint64_t>* checksum) {
   checksum->reset();
   const std::string& path = directory_.path();
   if (fault != nullptr && *fault == LoaderFault::kIoError) {
@@ -558,15 +531,6 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
       const uint64_t to = std::min(c.offset + c.need, r.end);
       if (to > from) stream.Update({c.buf + (from - c.offset), to - from});
       ++next_to_hash;
-      // The part's last chunk: its bytes are all in.
-      const size_t part_end =
-          hash_part + 1 < kExpertParts ? ranges[hash_part + 1].first_chunk : chunks.size();
-      if (part_in && next_to_hash == part_end) {
-        part_in(hash_part,
-                std::span<uint8_t>(
-                    staging + static_cast<uint64_t>(hash_part) * slot_bytes_ + (r.at - r.begin),
-                    info.parts[static_cast<size_t>(hash_part)].file_bytes));
-      }
     }
   };
   if (direct && fault != nullptr && *fault == LoaderFault::kDirectRefused) {
@@ -590,7 +554,7 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
       SwitchToBuffered(StrCat("an O_DIRECT read was refused (EINVAL) at file offset ",
                               refused->offset,
                               "; buffered reads with posix_fadvise(DONTNEED) instead"));
-      return ReadParts(info, staging, nullptr, engine, bytes, bytes_read, checksum, part_in);
+      return ReadParts(info, staging, nullptr, engine, bytes, bytes_read, checksum);
     }
   }
   for (const ChunkRead& c : chunks) *bytes_read += c.want;
@@ -640,7 +604,7 @@ absl::Status Loader::ReadParts(const ExpertInfo& info, uint8_t* staging, const L
 }
 
 LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread,
-                        ReadEngine* engine, const PartIn& part_in) {
+                        ReadEngine* engine) {
   const ExpertInfo& info = *job.info;
   LoadResult result;
   // The file as it was when the model loaded, or a clear error (never SIGBUS).
@@ -669,7 +633,7 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
     }
   } else {
     result.status = ReadParts(info, staging, has_fault ? &fault : nullptr, *engine, bytes,
-                              &result.bytes_read, &streamed, part_in);
+                              &result.bytes_read, &streamed);
     if (!result.status.ok()) return result;
   }
   // A bit flipped on its way from the disk, as far as anyone can tell.
@@ -689,28 +653,22 @@ LoadResult Loader::Read(const Job& job, uint8_t* staging, std::span<uint8_t>* by
   return result;
 }
 
-absl::Status Loader::Commit(const Job& job, const std::span<uint8_t>* bytes, const bool* done) {
-  for (int p = 0; p < kExpertParts; ++p) {
-    if (done != nullptr && done[p]) continue;
-    MOERT_RETURN_IF_ERROR(CommitPart(job, p, bytes[p]));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Loader::CommitPart(const Job& job, int p, std::span<const uint8_t> bytes) {
+absl::Status Loader::Commit(const Job& job, const std::span<uint8_t>* bytes) {
   const ExpertInfo& info = *job.info;
-  const ExpertPart& part = info.parts[static_cast<size_t>(p)];
-  uint8_t* dst = job.dst + part.block_offset;
-  if (part.packed_in_file) {
-    std::memcpy(dst, bytes.data(), part.runtime_bytes);
-    return absl::OkStatus();
-  }
-  absl::Status status = backend::PackRows(part.file_type, bytes, part.rows, part.cols, part.format,
-                                          {dst, part.runtime_bytes});
-  if (!status.ok()) {
-    return absl::Status(status.code(),
-                        StrCat(Who(info), ": cannot repack ", Where(part, directory_.path()), ": ",
-                               std::string(status.message())));
+  for (int p = 0; p < kExpertParts; ++p) {
+    const ExpertPart& part = info.parts[static_cast<size_t>(p)];
+    uint8_t* dst = job.dst + part.block_offset;
+    if (part.packed_in_file) {
+      std::memcpy(dst, bytes[p].data(), part.runtime_bytes);
+      continue;
+    }
+    absl::Status status = backend::PackRows(part.file_type, bytes[p], part.rows, part.cols,
+                                            part.format, {dst, part.runtime_bytes});
+    if (!status.ok()) {
+      return absl::Status(status.code(), StrCat(Who(info), ": cannot repack ",
+                                                Where(part, directory_.path()), ": ",
+                                                std::string(status.message())));
+    }
   }
   return absl::OkStatus();
 }

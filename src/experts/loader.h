@@ -1,8 +1,8 @@
 // The expert loader: I/O threads (two by default, LoaderOptions::io_threads) over a
 // bounded queue, each of which reads an expert's gate/up/down bytes from the model
-// file into its own staging buffer, writes them into the expert's pool block in the
-// runtime layout (backend::PackRows, or a plain copy when the file is already packed)
-// and checks them against the expert's checksum.
+// file into its own staging buffer, checks them against the expert's checksum and
+// writes them into the expert's pool block in the runtime layout (backend::PackRows,
+// or a plain copy when the file is already packed).
 //
 // Reads: IoMode::kDirect reads with O_DIRECT (offset, length and buffer aligned to
 // kDirectAlignment); a file system that refuses O_DIRECT (EINVAL at open or at the
@@ -39,18 +39,11 @@
 // whoever holds the load, and never after the Wait that gave up on it returns). Wait
 // then reads the expert itself on the calling thread, into the same destination, from
 // a staging buffer of its own (OnDeadline::kReadHere), or returns DeadlineExceeded
-// (OnDeadline::kGiveUp). A load writing its destination (no I/O left, only the copy or
-// repack; or a part written while later parts are read) is waited for until that write
-// ends. A Submit that finds the queue full past the
+// (OnDeadline::kGiveUp). A load already writing its destination (no I/O left, only
+// the copy or repack) is waited for. A Submit that finds the queue full past the
 // deadline hands back a load that Wait reads itself. Either is counted
 // (LoaderStats::wait_timeouts) and marked in the LoadResult; the bytes are the same
 // either way.
-//
-// Each part is written into the destination as soon as its chunks are in (and hashed),
-// while the load's later parts are still read: the repack of the gate and up parts
-// hides behind the down part's reads. Wait's deadline then waits for a part being
-// written (never for I/O) before it takes the load back, and the I/O thread writes no
-// part after that.
 //
 // Destruction drops the queued loads and waits only for the read in progress, whose
 // bytes are dropped too.
@@ -126,9 +119,6 @@ struct LoaderOptions {
   // before the reads (not in the reads a Wait makes itself after its deadline): a sleep
   // in it is a slow device, a change to the file in it a change in the middle of a load.
   std::function<void(const ExpertInfo&)> before_read_for_testing = nullptr;
-  // Test hook: called on the I/O thread once it has written a part (0, 1, 2) into the
-  // destination while the load's later parts may still be read (see the file comment).
-  std::function<void(const ExpertInfo&, int part)> after_part_for_testing = nullptr;
   // Where the bytes read are published (null: a registry of the loader's own).
   std::shared_ptr<telemetry::Registry> metrics = nullptr;
 };
@@ -223,8 +213,6 @@ class Loader {
  private:
   Loader(const ExpertDirectory& directory, const LoaderOptions& options);
 
-  // A part (0 .. kExpertParts - 1) whose file bytes are all in, read in full.
-  using PartIn = std::function<void(int part, std::span<uint8_t> bytes)>;
   void ThreadMain(size_t index);  // I/O thread `index`: staging_[index], engines_[index]
   // Checks the file, then reads the job's three parts into `staging` (kExpertParts
   // slots) with `engine` and checks them; `bytes` gets where each part's file bytes
@@ -232,14 +220,10 @@ class Loader {
   // test hook runs between the file check and the reads), a Wait past its deadline
   // with its own.
   // (`engine` unused in kMmap).
-  // `part_in` (may be empty; kDirect and kBuffered only) is called on the calling
-  // thread with each part whose bytes are all in, while later parts are still read.
   LoadResult Read(const Job& job, uint8_t* staging, std::span<uint8_t>* bytes, bool io_thread,
-                  ReadEngine* engine, const PartIn& part_in = PartIn());
-  // Writes what Read read into the job's destination: the parts not `done` (null: all).
-  absl::Status Commit(const Job& job, const std::span<uint8_t>* bytes, const bool* done = nullptr);
-  // Writes part `p`'s file bytes into the job's destination (repacked, or copied).
-  absl::Status CommitPart(const Job& job, int p, std::span<const uint8_t> bytes);
+                  ReadEngine* engine);
+  // Writes what Read read into the job's destination.
+  absl::Status Commit(const Job& job, const std::span<uint8_t>* bytes);
   // Read and Commit on the calling thread (a Wait past its deadline).
   LoadResult ReadHere(const Job& job);
   // kMmap: copies one part's file bytes into the staging slot `slot`; the span is the
@@ -255,7 +239,7 @@ class Loader {
   // every part was read in full.
   absl::Status ReadParts(const ExpertInfo& info, uint8_t* staging, const LoaderFault* fault,
                          ReadEngine& engine, std::span<uint8_t>* bytes, uint64_t* bytes_read,
-                         std::optional<uint64_t>* checksum, const PartIn& part_in);
+                         std::optional<uint64_t>* checksum);
   void SwitchToBuffered(std::string reason);
   std::optional<LoaderFault> TakeFault(int layer, int expert);
   // Where the next urgent load goes in queue_ (mu_ held).
@@ -266,7 +250,6 @@ class Loader {
   const size_t queue_capacity_;
   const std::chrono::milliseconds wait_deadline_;
   const std::function<void(const ExpertInfo&)> before_read_;
-  const std::function<void(const ExpertInfo&, int)> after_part_;
   const std::shared_ptr<telemetry::Registry> registry_;
   telemetry::LoaderMetrics metrics_;
 

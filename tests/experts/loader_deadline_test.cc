@@ -91,47 +91,6 @@ TEST_F(LoaderDeadline, AWaitPastTheDeadlineReadsHereAndTheLateReadIsDropped) {
   EXPECT_EQ(block.bytes(), want);
 }
 
-// Parts are written as their bytes come in; a Wait past its deadline after the first
-// part was written takes the rest back (reading the whole expert itself), and the I/O
-// thread writes nothing after that.
-TEST_F(LoaderDeadline, AWaitPastTheDeadlineAfterAPartIsWrittenTakesTheRestBack) {
-  const std::vector<uint8_t> want = model_.ExpectedBlock(1, 2);
-  const ReadHook held = gate_.Hook();
-  std::vector<int> parts;  // written by the I/O thread, in order
-  auto created =
-      Loader::Create(*dir_, {.mode = IoMode::kBuffered,
-                             .io_threads = 1,
-                             .wait_deadline_ms = 50,
-                             .after_part_for_testing = [&](const ExpertInfo& info, int part) {
-                               parts.push_back(part);
-                               if (part == 0) held(info);
-                             }});
-  ASSERT_TRUE(created.ok()) << created.status();
-  loader_ = std::move(*created);
-  Block block(Info(1, 2).runtime_bytes);
-  const Loader::Ticket ticket = loader_->Submit(Info(1, 2), block.data, std::nullopt);
-  gate_.AwaitHeld(1);  // part 0 written, the I/O thread held after it
-  const LoadResult r = loader_->Wait(ticket);
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_TRUE(r.timed_out);
-  EXPECT_EQ(block.bytes(), want);
-  EXPECT_EQ(loader_->stats().wait_timeouts, 1u);
-
-  std::memset(block.data, 0xab, block.size);
-  gate_.Open();
-  ASSERT_TRUE(Eventually([&] { return loader_->stats().late_reads_dropped == 1; }));
-  EXPECT_EQ(block.bytes(), std::vector<uint8_t>(block.size, 0xab));
-  EXPECT_EQ(parts, std::vector<int>{0});  // parts 1 and 2 were never written
-
-  // A load nobody gives up on writes its parts in order as they come in.
-  parts.clear();
-  const LoadResult next = loader_->Wait(loader_->Submit(Info(0, 1), block.data, std::nullopt));
-  ASSERT_TRUE(next.status.ok()) << next.status;
-  EXPECT_FALSE(next.timed_out);
-  EXPECT_EQ(block.bytes(), model_.ExpectedBlock(0, 1));
-  EXPECT_EQ(parts, (std::vector<int>{0, 1, 2}));
-}
-
 TEST_F(LoaderDeadline, AQueuedLoadPastTheDeadlineLeavesTheQueue) {
   Loader* loader = Open(50);
   ASSERT_NE(loader, nullptr);
