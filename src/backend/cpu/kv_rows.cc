@@ -15,12 +15,6 @@ namespace {
 
 void PutHalf(uint16_t h, uint8_t* dst) { std::memcpy(dst, &h, 2); }
 
-uint16_t GetHalf(const uint8_t* src) {
-  uint16_t h;
-  std::memcpy(&h, src, 2);
-  return h;
-}
-
 // ggml's quantize_row_q8_0_ref, block by block: amax through ggml's MAX macro (so a
 // NaN is treated as ggml treats it), d = amax / 127 stored as half, q = roundf(x / d)
 // computed as x * (1 / d) with the unrounded d. A value that does not convert (a NaN,
@@ -70,17 +64,14 @@ void DecodeKvValues(const kernels::KvWidenConfig& widen, KvType type, const uint
       widen.f16(static_cast<size_t>(count), row + 2 * begin, out);
       return;
     case KvType::kQ8_0: {
-      // Whole blocks through the kernel; a partial block at either end as the kernel
-      // would widen it (q * d, one rounding).
+      // Whole blocks through the kernel; a partial block at either end widened whole by
+      // it too, and the values wanted copied out.
       const auto partial = [&](int64_t from, int64_t to) {
         const int64_t b = from / kQ8_0BlockValues;
-        const uint8_t* block = row + b * static_cast<int64_t>(kQ8_0BlockBytes);
-        const float d = core::Fp16ToFloat(GetHalf(block));
-        for (int64_t i = from; i < to; ++i) {
-          int8_t q;
-          std::memcpy(&q, block + 2 + (i - b * kQ8_0BlockValues), 1);
-          out[i - begin] = static_cast<float>(q) * d;
-        }
+        float block[kQ8_0BlockValues];
+        widen.q8_0(1, row + b * static_cast<int64_t>(kQ8_0BlockBytes), block);
+        std::copy(block + (from - b * kQ8_0BlockValues), block + (to - b * kQ8_0BlockValues),
+                  out + (from - begin));
       };
       const int64_t end = begin + count;
       int64_t i = begin;
