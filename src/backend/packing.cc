@@ -108,86 +108,91 @@ bool ShapeFits(int64_t rows, int64_t cols) {
   return rows <= kMax && cols <= kMax && rows <= kMax / cols;
 }
 
-// Row `row` of the packed matrix from one GGUF row of LegacyTypeOf(format) (`src`:
-// cols / 32 blocks), block after block.
-void ScatterRow(WeightFormat format, const uint8_t* src, int64_t row, int64_t kb, uint8_t* dst) {
-  const size_t r = static_cast<size_t>(row % kNr);
-  for (int64_t b = 0; b < kb; ++b) {
-    uint8_t* blk = BlockAt(dst, format, kb, row, b);
-    switch (format) {
-      case WeightFormat::kW4:  // Q4_0: d | qs[16]
-      case WeightFormat::kW4S24:
-        std::memcpy(blk + 2 * r, src, 2);
-        std::memcpy(blk + kW4Qs + 16 * r, src + 2, 16);
-        src += 18;
-        break;
-      case WeightFormat::kW4M:  // Q4_1: d | m | qs[16]
-        std::memcpy(blk + 2 * r, src, 2);
-        std::memcpy(blk + kW4mM + 2 * r, src + 2, 2);
-        std::memcpy(blk + kW4mQs + 16 * r, src + 4, 16);
-        src += 20;
-        break;
-      case WeightFormat::kW8:  // Q8_0: d | qs[32]
-        std::memcpy(blk + 2 * r, src, 2);
-        std::memcpy(blk + kW8Qs + 32 * r, src + 2, 32);
-        src += 34;
-        break;
-    }
+// Bytes of one GGUF block of LegacyTypeOf(kFormat).
+template <WeightFormat kFormat>
+constexpr size_t kGgufBlockBytes = kFormat == WeightFormat::kW8    ? 34   // Q8_0: d | qs[32]
+                                   : kFormat == WeightFormat::kW4M ? 20   // Q4_1: d | m | qs[16]
+                                                                   : 18;  // Q4_0: d | qs[16]
+
+// One GGUF block of LegacyTypeOf(kFormat) at `in` as row r's share (0..7) of the tile
+// block at `blk`.
+template <WeightFormat kFormat>
+void PutBlockRow(const uint8_t* in, size_t r, uint8_t* blk) {
+  std::memcpy(blk + 2 * r, in, 2);
+  if constexpr (kFormat == WeightFormat::kW8) {
+    std::memcpy(blk + kW8Qs + 32 * r, in + 2, 32);
+  } else if constexpr (kFormat == WeightFormat::kW4M) {
+    std::memcpy(blk + kW4mM + 2 * r, in + 2, 2);
+    std::memcpy(blk + kW4mQs + 16 * r, in + 4, 16);
+  } else {
+    std::memcpy(blk + kW4Qs + 16 * r, in + 2, 16);
   }
 }
 
-// Rows [8 * tile, +8) of the packed matrix, all present, from their GGUF rows of
-// LegacyTypeOf(format) (`src`: the tile's first row, rows `src_row` bytes apart). The
-// same bytes as ScatterRow on each row, written block after block: the writes run
-// straight through the tile's blocks while the reads follow eight rows, which streams
-// both ways where ScatterRow's writes stride across every block of the tile.
+// Row `row` of the packed matrix from one GGUF row of LegacyTypeOf(kFormat) (`src`:
+// cols / 32 blocks), block after block.
+template <WeightFormat kFormat>
+void ScatterRowOf(const uint8_t* src, int64_t row, int64_t kb, uint8_t* dst) {
+  const size_t r = static_cast<size_t>(row % kNr);
+  for (int64_t b = 0; b < kb; ++b, src += kGgufBlockBytes<kFormat>) {
+    PutBlockRow<kFormat>(src, r, BlockAt(dst, kFormat, kb, row, b));
+  }
+}
+
+// Rows [8 * tile, +8) of the packed matrix, all present, from their GGUF rows (`src`:
+// the tile's first row, rows `src_row` bytes apart). The same bytes as ScatterRowOf on
+// each row, written block after block: the writes run straight through the tile's
+// blocks while the reads follow eight rows, which streams both ways where a row at a
+// time strides its writes across every block of the tile.
 template <WeightFormat kFormat>
 void ScatterTile(const uint8_t* src, size_t src_row, int64_t tile, int64_t kb, uint8_t* dst) {
-  constexpr size_t kIn = kFormat == WeightFormat::kW8    ? 34
-                         : kFormat == WeightFormat::kW4M ? 20
-                                                         : 18;
   uint8_t* blk = BlockAt(dst, kFormat, kb, tile * kNr, 0);
   const size_t block_bytes = BlockBytes(kFormat);
   for (int64_t b = 0; b < kb; ++b, blk += block_bytes) {
-    const uint8_t* in = src + static_cast<size_t>(b) * kIn;
+    const uint8_t* in = src + static_cast<size_t>(b) * kGgufBlockBytes<kFormat>;
     for (size_t r = 0; r < static_cast<size_t>(kNr); ++r, in += src_row) {
-      if constexpr (kFormat == WeightFormat::kW8) {
-        std::memcpy(blk + 2 * r, in, 2);
-        std::memcpy(blk + kW8Qs + 32 * r, in + 2, 32);
-      } else if constexpr (kFormat == WeightFormat::kW4M) {
-        std::memcpy(blk + 2 * r, in, 2);
-        std::memcpy(blk + kW4mM + 2 * r, in + 2, 2);
-        std::memcpy(blk + kW4mQs + 16 * r, in + 4, 16);
-      } else {
-        std::memcpy(blk + 2 * r, in, 2);
-        std::memcpy(blk + kW4Qs + 16 * r, in + 2, 16);
-      }
+      PutBlockRow<kFormat>(in, r, blk);
     }
   }
 }
 
-// Every whole tile of `rows` rows by ScatterTile, the rows of a last partial tile by
-// ScatterRow.
-void ScatterRows(WeightFormat format, const uint8_t* src, size_t src_row, int64_t rows, int64_t kb,
-                 uint8_t* dst) {
+// `rows` rows of the packed matrix: every whole tile by ScatterTile, the rows of a last
+// partial tile by ScatterRowOf.
+template <WeightFormat kFormat>
+void ScatterRowsOf(const uint8_t* src, size_t src_row, int64_t rows, int64_t kb, uint8_t* dst) {
   const int64_t tiles = rows / kNr;
   for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* first = src + static_cast<size_t>(t * kNr) * src_row;
-    switch (format) {
-      case WeightFormat::kW4:
-      case WeightFormat::kW4S24:  // never packed directly: pruned from a W4 copy
-        ScatterTile<WeightFormat::kW4>(first, src_row, t, kb, dst);
-        break;
-      case WeightFormat::kW4M:
-        ScatterTile<WeightFormat::kW4M>(first, src_row, t, kb, dst);
-        break;
-      case WeightFormat::kW8:
-        ScatterTile<WeightFormat::kW8>(first, src_row, t, kb, dst);
-        break;
-    }
+    ScatterTile<kFormat>(src + static_cast<size_t>(t * kNr) * src_row, src_row, t, kb, dst);
   }
   for (int64_t row = tiles * kNr; row < rows; ++row) {
-    ScatterRow(format, src + static_cast<size_t>(row) * src_row, row, kb, dst);
+    ScatterRowOf<kFormat>(src + static_cast<size_t>(row) * src_row, row, kb, dst);
+  }
+}
+
+// ScatterRowOf and ScatterRowsOf for `format`. W4S24 is never scattered directly (it is
+// pruned from a W4 copy) and takes W4's layout here.
+void ScatterRow(WeightFormat format, const uint8_t* src, int64_t row, int64_t kb, uint8_t* dst) {
+  switch (format) {
+    case WeightFormat::kW4:
+    case WeightFormat::kW4S24:
+      return ScatterRowOf<WeightFormat::kW4>(src, row, kb, dst);
+    case WeightFormat::kW4M:
+      return ScatterRowOf<WeightFormat::kW4M>(src, row, kb, dst);
+    case WeightFormat::kW8:
+      return ScatterRowOf<WeightFormat::kW8>(src, row, kb, dst);
+  }
+}
+
+void ScatterRows(WeightFormat format, const uint8_t* src, size_t src_row, int64_t rows, int64_t kb,
+                 uint8_t* dst) {
+  switch (format) {
+    case WeightFormat::kW4:
+    case WeightFormat::kW4S24:
+      return ScatterRowsOf<WeightFormat::kW4>(src, src_row, rows, kb, dst);
+    case WeightFormat::kW4M:
+      return ScatterRowsOf<WeightFormat::kW4M>(src, src_row, rows, kb, dst);
+    case WeightFormat::kW8:
+      return ScatterRowsOf<WeightFormat::kW8>(src, src_row, rows, kb, dst);
   }
 }
 
