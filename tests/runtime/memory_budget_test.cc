@@ -257,6 +257,10 @@ TEST(MemoryBudgetTest, HotSetIsWrittenOnUnloadAndReadAtLoad) {
   options.hot_set = true;
   options.expert_pool_fraction = 0.5;
   options.cache_dir = dir + "/cache";  // made when first written
+  // Hits that do not hang on timing: no prefetch (its loads race the token's own) and
+  // routing that does not look at residency.
+  options.prefetch = false;
+  options.router_alpha = 0;
   const std::string hot = dir + "/cache/hot/tiny.gguf.moert-hot";
   std::vector<int32_t> first;
   double cold_hit_rate = 0;
