@@ -90,18 +90,27 @@ set(MOERT_NEONI8MM_KERNEL_SOURCES
   ${k}/q8-gemm/q8-gemm-4x8-neoni8mm.cc
 )
 
+set(MOERT_AMX_KERNEL_SOURCES
+  ${k}/q4-gemm/q4-gemm-16x8-amx.cc
+  ${k}/q4m-gemm/q4m-gemm-16x8-amx.cc
+  ${k}/q8-gemm/q8-gemm-16x8-amx.cc
+)
+
+# Adds the kernel sources in the list variable `sources`, compiled with the list
+# `flags`, and defines `definition` (MOERT_KERNELS_<ISA>).
+macro(moert_add_isa_kernels sources flags definition)
+  set_source_files_properties(${${sources}} PROPERTIES COMPILE_OPTIONS "${flags}")
+  list(APPEND MOERT_KERNEL_SOURCES ${${sources}})
+  list(APPEND MOERT_KERNEL_DEFINITIONS ${definition})
+endmacro()
+
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND MOERT_AVX2_KERNEL_SOURCES)
-  set_source_files_properties(${MOERT_AVX2_KERNEL_SOURCES} PROPERTIES
-    COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
-  list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX2_KERNEL_SOURCES})
-  list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX2)
+  moert_add_isa_kernels(MOERT_AVX2_KERNEL_SOURCES "-mavx2;-mfma;-mf16c" MOERT_KERNELS_AVX2)
   include(CheckCXXCompilerFlag)
   check_cxx_compiler_flag(-mavxvnni MOERT_HAVE_MAVXVNNI)
   if(MOERT_HAVE_MAVXVNNI)
-    set_source_files_properties(${MOERT_AVXVNNI_KERNEL_SOURCES} PROPERTIES
-      COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mavxvnni")
-    list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVXVNNI_KERNEL_SOURCES})
-    list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVXVNNI)
+    moert_add_isa_kernels(MOERT_AVXVNNI_KERNEL_SOURCES "-mavx2;-mfma;-mf16c;-mavxvnni"
+                          MOERT_KERNELS_AVXVNNI)
   endif()
   # GCC 12's avx512fintrin.h trips its own -Wmaybe-uninitialized (the self-initialised
   # __Y of _mm512_undefined_epi32 and friends): a false positive in the header.
@@ -109,14 +118,19 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND MOERT_AVX2_KERNEL
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     list(APPEND moert_avx512_flags -Wno-maybe-uninitialized)
   endif()
-  set_source_files_properties(${MOERT_AVX512VNNI_KERNEL_SOURCES} PROPERTIES
-    COMPILE_OPTIONS "${moert_avx512_flags}")
-  list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX512VNNI_KERNEL_SOURCES})
-  list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX512VNNI)
-  set_source_files_properties(${MOERT_AVX512VBMI_KERNEL_SOURCES} PROPERTIES
-    COMPILE_OPTIONS "${moert_avx512_flags};-mavx512vbmi")
-  list(APPEND MOERT_KERNEL_SOURCES ${MOERT_AVX512VBMI_KERNEL_SOURCES})
-  list(APPEND MOERT_KERNEL_DEFINITIONS MOERT_KERNELS_AVX512VBMI)
+  moert_add_isa_kernels(MOERT_AVX512VNNI_KERNEL_SOURCES "${moert_avx512_flags}"
+                        MOERT_KERNELS_AVX512VNNI)
+  moert_add_isa_kernels(MOERT_AVX512VBMI_KERNEL_SOURCES "${moert_avx512_flags};-mavx512vbmi"
+                        MOERT_KERNELS_AVX512VBMI)
+  # AMX-INT8: GCC 11+ and clang 12+ have the tile intrinsics. The tests run the same
+  # loop over a scalar model of the tile instructions (kernels/amx-tile-emulator.h)
+  # with these AVX-512 flags, which MOERT_AVX512_FLAGS (a global) passes on.
+  check_cxx_compiler_flag(-mamx-int8 MOERT_HAVE_MAMX)
+  if(MOERT_HAVE_MAMX)
+    moert_add_isa_kernels(MOERT_AMX_KERNEL_SOURCES "${moert_avx512_flags};-mamx-tile;-mamx-int8"
+                          MOERT_KERNELS_AMX)
+  endif()
+  set(MOERT_AVX512_FLAGS "${moert_avx512_flags}" CACHE INTERNAL "AVX-512 kernel flags")
 endif()
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$" AND MOERT_NEONDOT_KERNEL_SOURCES)
   set_source_files_properties(${MOERT_NEONDOT_KERNEL_SOURCES} PROPERTIES

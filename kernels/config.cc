@@ -9,6 +9,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -29,6 +33,9 @@
 #if defined(MOERT_KERNELS_AVX512VBMI)
 #include "kernels/ukernels-avx512vbmi.h"
 #endif
+#if defined(MOERT_KERNELS_AMX)
+#include "kernels/ukernels-amx.h"
+#endif
 #if defined(MOERT_KERNELS_NEON)
 #include "kernels/ukernels-neon.h"
 #endif
@@ -40,9 +47,31 @@ namespace moert::kernels {
 namespace {
 
 // Every ISA, each architecture's from the reference up (AvailableIsas' order).
-constexpr Isa kAllIsas[] = {Isa::kScalar,     Isa::kAvx2,    Isa::kAvxVnni,
-                            Isa::kAvx512Vnni, Isa::kAvx512Vbmi, Isa::kNeonDot,
-                            Isa::kNeonI8mm,   Isa::kSme2};
+constexpr Isa kAllIsas[] = {Isa::kScalar,     Isa::kAvx2,       Isa::kAvxVnni,
+                            Isa::kAvx512Vnni, Isa::kAvx512Vbmi, Isa::kAmx,
+                            Isa::kNeonDot,    Isa::kNeonI8mm,   Isa::kSme2};
+
+#if defined(__x86_64__)
+// Whether this process may run AMX tile instructions: the OS saves the tile state
+// (XCR0 bits 17 and 18) and, on Linux (5.16+), grants XTILEDATA to the process
+// (arch_prctl ARCH_REQ_XCOMP_PERM; without it the first tile instruction faults).
+bool AmxUsable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) {
+    return false;  // no OSXSAVE: xgetbv would fault
+  }
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  constexpr unsigned kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
+  if ((xcr0_lo & kTileState) != kTileState) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+  return true;
+}
+#endif
 
 HardwareConfig DetectHardware() {
   HardwareConfig hw;
@@ -61,6 +90,11 @@ HardwareConfig DetectHardware() {
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
     hw.amx_int8 = (edx & (1u << 24)) != 0 && (edx & (1u << 25)) != 0;
   }
+#if defined(__x86_64__)
+  hw.amx_int8 = hw.amx_int8 && AmxUsable();
+#else
+  hw.amx_int8 = false;
+#endif
 #endif
 #if defined(__aarch64__)
   hw.neon_dot = cpuinfo_has_arm_neon_dot();
@@ -104,6 +138,12 @@ bool IsaBuilt(Isa isa) {
 #else
       return false;
 #endif
+    case Isa::kAmx:
+#if defined(MOERT_KERNELS_AMX)
+      return true;
+#else
+      return false;
+#endif
     case Isa::kNeonDot:
     case Isa::kNeonI8mm:
 #if defined(MOERT_KERNELS_NEON)
@@ -134,6 +174,8 @@ bool CpuRuns(Isa isa) {
       return hw.avx512_vnni;
     case Isa::kAvx512Vbmi:
       return hw.avx512_vbmi;
+    case Isa::kAmx:
+      return hw.amx_int8 && hw.avx512_vnni;  // the kernels pack with AVX-512
     case Isa::kNeonDot:
       return hw.neon_dot;
     case Isa::kNeonI8mm:
@@ -201,6 +243,11 @@ void Apply(Isa isa, KernelConfig& c) {
       MOERT_APPLY_AVX512VBMI_KERNELS(c);
 #endif
       break;
+    case Isa::kAmx:
+#if defined(MOERT_KERNELS_AMX)
+      MOERT_APPLY_AMX_KERNELS(c);
+#endif
+      break;
     case Isa::kNeonDot:
 #if defined(MOERT_KERNELS_NEON)
       MOERT_APPLY_NEONDOT_KERNELS(c);
@@ -224,11 +271,11 @@ KernelConfig BuildConfig(Isa isa) {
   KernelConfig c = ScalarConfig();
   // Each architecture's ISAs build on each other: a config for `isa` layers every
   // available step up to it (a CPU with AVX512-VNNI but not AVX-VNNI skips that step).
-  static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni,
-                                      Isa::kAvx512Vbmi};
+  static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kAvx512Vbmi,
+                                      Isa::kAmx};
   static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
   const bool x86 = isa == Isa::kAvx2 || isa == Isa::kAvxVnni || isa == Isa::kAvx512Vnni ||
-                   isa == Isa::kAvx512Vbmi;
+                   isa == Isa::kAvx512Vbmi || isa == Isa::kAmx;
   if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
     for (Isa step : x86 ? std::span<const Isa>(kX86Chain) : std::span<const Isa>(kArmChain)) {
       if (IsaAvailable(step)) Apply(step, c);
@@ -277,6 +324,8 @@ const char* IsaName(Isa isa) {
       return "avx512vnni";
     case Isa::kAvx512Vbmi:
       return "avx512vbmi";
+    case Isa::kAmx:
+      return "amx";
     case Isa::kNeonDot:
       return "neondot";
     case Isa::kNeonI8mm:
@@ -293,8 +342,8 @@ absl::StatusOr<Isa> ParseIsa(std::string_view name) {
   }
   return absl::InvalidArgumentError(
       StrCat("unknown ISA \"", name,
-             "\" (expected scalar, avx2, avxvnni, avx512vnni, avx512vbmi, neondot, neoni8mm or "
-             "sme2)"));
+             "\" (expected scalar, avx2, avxvnni, avx512vnni, avx512vbmi, amx, neondot, neoni8mm "
+             "or sme2)"));
 }
 
 const HardwareConfig& GetHardwareConfig() {

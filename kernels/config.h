@@ -1,11 +1,11 @@
 // Which microkernel each family uses on this machine. The CPU is inspected once
 // (cpuinfo, getauxval for SME2) into a KernelConfig: per family a function pointer,
 // its tile shape and the ISA it was written for. Operators read configs, never CPU
-// flags. MOERT_ISA=scalar|avx2|avxvnni|avx512vnni|avx512vbmi|neondot|neoni8mm|sme2 forces
-// a variant (a family without that variant takes the best one below it: avx512vbmi >
-// avx512vnni > avxvnni > avx2 > scalar, sme2 > neoni8mm > neondot > scalar); forcing an ISA the CPU
-// or the build lacks falls back to the default with a warning on stderr.
-// x86 AMX-INT8 is detected (HardwareConfig::amx_int8) but has no kernels yet.
+// flags. MOERT_ISA=scalar|avx2|avxvnni|avx512vnni|avx512vbmi|amx|neondot|neoni8mm|sme2
+// forces a variant (a family without that variant takes the best one below it: amx >
+// avx512vbmi > avx512vnni > avxvnni > avx2 > scalar, sme2 > neoni8mm > neondot > scalar);
+// forcing an ISA the CPU or the build lacks falls back to the default with a warning on
+// stderr.
 #ifndef MOERT_KERNELS_CONFIG_H_
 #define MOERT_KERNELS_CONFIG_H_
 
@@ -24,13 +24,14 @@ enum class Isa {
   kAvxVnni,
   kAvx512Vnni,
   kAvx512Vbmi,  // AVX512-VNNI + AVX512-VBMI
+  kAmx,         // AMX-TILE + AMX-INT8 (prefill GEMMs), over the AVX-512 kernels
   kNeonDot,
   kNeonI8mm,
   kSme2
 };
 
-// "scalar", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "neondot", "neoni8mm", "sme2" (the
-// MOERT_ISA spellings).
+// "scalar", "avx2", "avxvnni", "avx512vnni", "avx512vbmi", "amx", "neondot", "neoni8mm",
+// "sme2" (the MOERT_ISA spellings).
 const char* IsaName(Isa isa);
 absl::StatusOr<Isa> ParseIsa(std::string_view name);
 
@@ -40,7 +41,9 @@ struct HardwareConfig {
   bool avx_vnni = false;     // AVX-VNNI (VEX vpdpbusd), with avx2
   bool avx512_vnni = false;  // AVX512 F + BW + VL + VNNI, with avx2
   bool avx512_vbmi = false;  // AVX512-VBMI, with avx512_vnni
-  bool amx_int8 = false;     // AMX-TILE + AMX-INT8 (reported; no kernels use it yet)
+  // AMX-TILE + AMX-INT8, and the OS lets this process use the tile state (XCR0 bits 17
+  // and 18, and Linux's ARCH_REQ_XCOMP_PERM for XTILEDATA granted).
+  bool amx_int8 = false;
   bool neon_dot = false;
   bool neon_i8mm = false;
   bool sme2 = false;

@@ -17,7 +17,7 @@ clashes=$("$nm_tool" -A -C --defined-only "$archive" | awk '
     sym = $3; for (i = 4; i <= NF; ++i) sym = sym " " $i
     if (sym ~ /^DW\.ref\./) next  # data: the address of the C++ personality routine
     isa = "baseline"
-    if (match(obj, /-(avx2|avxvnni|avx512vnni|avx512vbmi|neondot|neoni8mm|sme2)\.cc\.o$/))
+    if (match(obj, /-(avx2|avxvnni|avx512vnni|avx512vbmi|amx|neondot|neoni8mm|sme2)\.cc\.o$/))
       isa = substr(obj, RSTART + 1, RLENGTH - 6)
     if ((sym, isa) in seen) next
     seen[sym, isa] = 1; count[sym]++; isas[sym] = isas[sym] " " isa

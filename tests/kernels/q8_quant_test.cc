@@ -226,7 +226,7 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, Q8QuantTest,
 
 TEST(KernelConfigTest, ParsesIsaNames) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kAvx512Vbmi,
-                  Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
+                  Isa::kAmx, Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2}) {
     auto parsed = ParseIsa(IsaName(isa));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, isa);
@@ -284,6 +284,23 @@ TEST(KernelConfigTest, VnniConfigsKeepAvx2WhereTheyHaveNoVariant) {
   }
   if (checked == 0) GTEST_SKIP() << skipped;  // no VNNI ISA runs here
   if (!skipped.empty()) std::printf("skipped %s\n", skipped.c_str());
+}
+
+// The AMX config layers its GEMMs (W4, W4M, W8; 16 rows a call) over the best AVX-512
+// config: the GEMVs (decode) and W4S24 keep the AVX-512 kernels.
+TEST(KernelConfigTest, AmxConfigHasItsGemmsOverAvx512) {
+  auto config = KernelConfigFor(Isa::kAmx);
+  if (!config.ok()) GTEST_SKIP() << config.status().message();
+  auto below =
+      KernelConfigFor(IsaAvailable(Isa::kAvx512Vbmi) ? Isa::kAvx512Vbmi : Isa::kAvx512Vnni);
+  ASSERT_TRUE(below.ok()) << below.status();
+  for (auto family : {&KernelConfig::q4, &KernelConfig::q4m, &KernelConfig::q8}) {
+    EXPECT_EQ(((*config).*family).gemm_isa, Isa::kAmx);
+    EXPECT_EQ(((*config).*family).mr, 16u);
+    EXPECT_EQ(((*config).*family).gemv, ((*below).*family).gemv);
+  }
+  EXPECT_EQ(config->q4s24.gemm, below->q4s24.gemm);
+  EXPECT_EQ(config->q8_quant.quant, below->q8_quant.quant);
 }
 
 }  // namespace

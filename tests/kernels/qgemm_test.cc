@@ -7,6 +7,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/config.h"
+#if defined(MOERT_AMX_EMULATED_GEMM)
+#include "kernels/amx_emulated_gemm.h"
+#endif
 #include "kernels/qgemm_tester.h"
 
 namespace moert::kernels::testing {
@@ -47,11 +50,9 @@ class QGemmTest : public ::testing::TestWithParam<Param> {
   std::string skip_reason_;
 };
 
-TEST_P(QGemmTest, EdgeShapes) {
-  moert_qgemm_ukernel_fn kernel, reference;
-  uint32_t mr;
-  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
-  const WeightFormat format = std::get<0>(GetParam());
+// The checks, for a kernel of `format` taking up to `mr` rows, against its reference.
+void EdgeShapes(WeightFormat format, moert_qgemm_ukernel_fn kernel,
+                moert_qgemm_ukernel_fn reference, uint32_t mr) {
   uint32_t seed = 1;
   for (size_t m = 1; m <= mr; ++m) {
     for (size_t n : {1, 3, 7, 8, 9, 15, 16, 17, 24, 33, 64, 100}) {
@@ -62,11 +63,8 @@ TEST_P(QGemmTest, EdgeShapes) {
   }
 }
 
-TEST_P(QGemmTest, LargeK) {
-  moert_qgemm_ukernel_fn kernel, reference;
-  uint32_t mr;
-  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
-  const WeightFormat format = std::get<0>(GetParam());
+void LargeK(WeightFormat format, moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn reference,
+            uint32_t mr) {
   // Expert shapes' K: 1024, 1408, 2048, 14336 (the last with few rows).
   for (size_t kb : {32, 44, 64}) {
     QGemmTester().format(format).m(mr).n(40).kb(kb).seed(static_cast<uint32_t>(kb)).Test(
@@ -75,37 +73,96 @@ TEST_P(QGemmTest, LargeK) {
   QGemmTester().format(format).m(1).n(9).kb(448).seed(7).Test(kernel, reference);
 }
 
-TEST_P(QGemmTest, Strides) {
-  moert_qgemm_ukernel_fn kernel, reference;
-  uint32_t mr;
-  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
-  const WeightFormat format = std::get<0>(GetParam());
+void Strides(WeightFormat format, moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn reference,
+             uint32_t mr) {
   for (size_t m = 1; m <= mr; ++m) {
     QGemmTester().format(format).m(m).n(19).kb(5).a_pad_blocks(3).c_pad(5).seed(11).Test(
         kernel, reference);
   }
 }
 
-TEST_P(QGemmTest, ExtremeValues) {
-  moert_qgemm_ukernel_fn kernel, reference;
-  uint32_t mr;
-  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
-  const WeightFormat format = std::get<0>(GetParam());
+void ExtremeValues(WeightFormat format, moert_qgemm_ukernel_fn kernel,
+                   moert_qgemm_ukernel_fn reference, uint32_t mr) {
   QGemmTester().format(format).m(mr).n(16).kb(8).extreme(true).seed(3).Test(kernel, reference);
 }
 
 // Weights at the ends of their range times activation blocks of +-127: the largest
 // partial sums any kernel forms (maddubs pairs, int16 reduction trees) must stay exact.
-TEST_P(QGemmTest, ExtremeWeights) {
-  moert_qgemm_ukernel_fn kernel, reference;
-  uint32_t mr;
-  if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_;
-  const WeightFormat format = std::get<0>(GetParam());
+void ExtremeWeights(WeightFormat format, moert_qgemm_ukernel_fn kernel,
+                    moert_qgemm_ukernel_fn reference, uint32_t mr) {
   for (size_t m = 1; m <= mr; ++m) {
     QGemmTester().format(format).m(m).n(24).kb(4).extreme_weights(true).seed(5).Test(
         kernel, reference);
   }
 }
+
+#define MOERT_QGEMM_TEST(check)                                           \
+  TEST_P(QGemmTest, check) {                                              \
+    moert_qgemm_ukernel_fn kernel, reference;                             \
+    uint32_t mr;                                                          \
+    if (!Kernels(&kernel, &reference, &mr)) GTEST_SKIP() << skip_reason_; \
+    check(std::get<0>(GetParam()), kernel, reference, mr);                \
+  }
+MOERT_QGEMM_TEST(EdgeShapes)
+MOERT_QGEMM_TEST(LargeK)
+MOERT_QGEMM_TEST(Strides)
+MOERT_QGEMM_TEST(ExtremeValues)
+MOERT_QGEMM_TEST(ExtremeWeights)
+
+#if defined(MOERT_AMX_EMULATED_GEMM)
+// The AMX GEMM's loop over the scalar model of the tile instructions (see
+// amx_emulated_gemm.h): every check above, on any machine with AVX512-VNNI, whether or
+// not it has AMX. (The real instructions run above as *_gemm_amx where the CPU has them.)
+class AmxEmulatedGemmTest : public ::testing::TestWithParam<WeightFormat> {
+ protected:
+  // False (with a skip) where the CPU cannot run the AVX-512 packing.
+  bool Kernels(moert_qgemm_ukernel_fn* kernel, moert_qgemm_ukernel_fn* reference) {
+    if (!IsaAvailable(Isa::kAvx512Vnni)) {
+      skip_reason_ = "the emulated AMX GEMM packs with AVX-512, which this CPU lacks";
+      return false;
+    }
+    const absl::StatusOr<KernelConfig> scalar_config = KernelConfigFor(Isa::kScalar);
+    *reference = FamilyOf(*scalar_config, GetParam()).gemm;
+    switch (GetParam()) {
+      case WeightFormat::kW4:
+        *kernel = moert_q4_gemm_ukernel_16x8__amx_emulated;
+        break;
+      case WeightFormat::kW4M:
+        *kernel = moert_q4m_gemm_ukernel_16x8__amx_emulated;
+        break;
+      case WeightFormat::kW8:
+        *kernel = moert_q8_gemm_ukernel_16x8__amx_emulated;
+        break;
+      case WeightFormat::kW4S24:
+        skip_reason_ = "no AMX W4S24 GEMM";
+        return false;
+    }
+    return true;
+  }
+  std::string skip_reason_;
+};
+
+#define MOERT_AMX_EMULATED_TEST(check)                               \
+  TEST_P(AmxEmulatedGemmTest, check) {                               \
+    moert_qgemm_ukernel_fn kernel, reference;                        \
+    if (!Kernels(&kernel, &reference)) GTEST_SKIP() << skip_reason_; \
+    check(GetParam(), kernel, reference, 16);                        \
+  }
+MOERT_AMX_EMULATED_TEST(EdgeShapes)
+MOERT_AMX_EMULATED_TEST(LargeK)
+MOERT_AMX_EMULATED_TEST(Strides)
+MOERT_AMX_EMULATED_TEST(ExtremeValues)
+MOERT_AMX_EMULATED_TEST(ExtremeWeights)
+
+std::string FormatName(const ::testing::TestParamInfo<WeightFormat>& param_info) {
+  return WeightFormatName(param_info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, AmxEmulatedGemmTest,
+                         ::testing::Values(WeightFormat::kW4, WeightFormat::kW4M,
+                                           WeightFormat::kW8),
+                         FormatName);
+#endif
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto [format, isa, op] = info.param;
@@ -118,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(WeightFormat::kW4, WeightFormat::kW4M, WeightFormat::kW8,
                                          WeightFormat::kW4S24),
                        ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni,
-                                         Isa::kAvx512Vbmi, Isa::kNeonDot, Isa::kNeonI8mm,
+                                         Isa::kAvx512Vbmi, Isa::kAmx, Isa::kNeonDot, Isa::kNeonI8mm,
                                          Isa::kSme2),
                        ::testing::Values(Op::kGemv, Op::kGemm)),
     ParamName);

@@ -213,10 +213,16 @@ void QGemmTester::Test(moert_qgemm_ukernel_fn kernel, moert_qgemm_ukernel_fn ref
   const size_t c_stride = n_ + c_pad_;
 
   const float kSentinel = -12345.0f;
-  std::vector<float> c(m_ * c_stride, kSentinel);
+  // One row more than the output: a kernel that writes past row m - 1 (a tile's unused
+  // rows) is caught here too, not only under ASan.
+  std::vector<float> c((m_ + 1) * c_stride, kSentinel);
   std::vector<float> c_ref(m_ * c_stride, kSentinel);
   kernel(m_, n_, kb_, a.data(), a_stride, w.data(), c.data(), c_stride);
   reference(m_, n_, kb_, a.data(), a_stride, w.data(), c_ref.data(), c_stride);
+  for (size_t j = 0; j < c_stride; ++j) {
+    EXPECT_EQ(c[m_ * c_stride + j], kSentinel)
+        << Describe() << ": wrote row " << m_ << " column " << j;
+  }
 
   const size_t block_bytes = BlockBytes(format_);
   int reported = 0;

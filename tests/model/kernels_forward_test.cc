@@ -231,7 +231,7 @@ TEST(KernelsForwardSlowTest, FullTop1AgreementWithReferencePath) {
 
 TEST(KernelsForward, UnavailableIsaIsAClearError) {
   for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kAvxVnni, kernels::Isa::kAvx512Vnni,
-                           kernels::Isa::kAvx512Vbmi, kernels::Isa::kNeonDot,
+                           kernels::Isa::kAvx512Vbmi, kernels::Isa::kAmx, kernels::Isa::kNeonDot,
                            kernels::Isa::kSme2}) {
     if (kernels::IsaAvailable(isa)) continue;
     ModelLoadOptions options;
