@@ -222,6 +222,35 @@ TEST_P(QMatMulTest, FusedExpertsMatchFloatSwiGlu) {
   }
 }
 
+// GEMM kernels of any row count per call (4 here; 16 for SME2 and AMX): the operator
+// splits a batch into calls of `mr` rows, and the bits do not depend on the split.
+// The scalar GEMM loops over whatever m it gets, so it stands in for a 16-row kernel.
+TEST_P(QMatMulTest, TheRowsPerGemmCallDoNotChangeTheBits) {
+  const WeightFormat format = GetParam();
+  absl::StatusOr<kernels::KernelConfig> four = kernels::KernelConfigFor(kernels::Isa::kScalar);
+  ASSERT_TRUE(four.ok());
+  kernels::KernelConfig sixteen = *four;
+  for (auto family : {&kernels::KernelConfig::q4, &kernels::KernelConfig::q4m,
+                      &kernels::KernelConfig::q8, &kernels::KernelConfig::q4s24}) {
+    ASSERT_EQ(((*four).*family).mr, 4u);
+    (sixteen.*family).mr = 16;
+  }
+  core::ThreadPool two(2);
+  const int64_t rows = 40, cols = 96;
+  TestMatrix w = MakeMatrix(format, 1, rows, cols, 17);
+  for (int64_t n : {2, 15, 16, 17, 33, 40}) {
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n * cols), 23);
+    A8Matrix a;
+    a.Quantize(*four, two, x.data(), n, cols);
+    std::vector<float> y4(static_cast<size_t>(n * rows)), y16(y4.size());
+    const QMatMulJob job4{w.packed.group(0), &a, y4.data()};
+    QMatMuls(two, *four, {&job4, 1});
+    const QMatMulJob job16{w.packed.group(0), &a, y16.data()};
+    QMatMuls(two, sixteen, {&job16, 1});
+    EXPECT_EQ(std::memcmp(y4.data(), y16.data(), y4.size() * 4), 0) << n << " rows";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, QMatMulTest,
                          ::testing::Values(WeightFormat::kW4, WeightFormat::kW4M,
                                            WeightFormat::kW8, WeightFormat::kW4S24),
