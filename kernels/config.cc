@@ -1,11 +1,13 @@
 // Fills the per-family kernel configs from the CPU's features (see config.h).
 #include "kernels/config.h"
 
+#include <cpuinfo.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <span>
 #include <string>
-
-#include <cpuinfo.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -274,8 +276,8 @@ KernelConfig BuildConfig(Isa isa) {
   static constexpr Isa kX86Chain[] = {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512Vnni, Isa::kAvx512Vbmi,
                                       Isa::kAmx};
   static constexpr Isa kArmChain[] = {Isa::kNeonDot, Isa::kNeonI8mm, Isa::kSme2};
-  const bool x86 = isa == Isa::kAvx2 || isa == Isa::kAvxVnni || isa == Isa::kAvx512Vnni ||
-                   isa == Isa::kAvx512Vbmi || isa == Isa::kAmx;
+  const bool x86 =
+      std::find(std::begin(kX86Chain), std::end(kX86Chain), isa) != std::end(kX86Chain);
   if (isa != Isa::kScalar) {  // scalar is the reference: nothing layered on it
     for (Isa step : x86 ? std::span<const Isa>(kX86Chain) : std::span<const Isa>(kArmChain)) {
       if (IsaAvailable(step)) Apply(step, c);
